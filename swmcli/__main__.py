@@ -1,0 +1,3 @@
+from swmcli.cli import main
+
+main()

@@ -1,0 +1,248 @@
+"""Every setting of swm, as pydantic models validated once at the edge.
+
+Precedence, lowest first: the defaults below < a preset (``--preset NAME``, ``presets/NAME.toml``)
+or ``--config FILE`` < ``--set section.key=value`` < explicit command-line flags. Defaults live here
+and nowhere else. Each run directory keeps its resolved config as ``config.json``.
+"""
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+
+from swmcli.errors import UsageError
+from swmcli.units import parse_size
+
+CONFIG_FILE = "config.json"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EnvConfig(Section):
+    """The gymnasium environment experience comes from."""
+
+    id: str = "swm/TwoRoom-v0"
+    resolution: PositiveInt = Field(64, description="square frame side in pixels")
+    max_episode_steps: PositiveInt = Field(100, description="an episode is truncated after this")
+
+
+class CollectConfig(Section):
+    """`swm collect`: roll out a policy through the capped ReplayBuffer into a dataset."""
+
+    episodes: PositiveInt = Field(20, description="finished episodes to collect")
+    steps: PositiveInt | None = Field(None, description="stop after this many steps instead")
+    max_steps: PositiveInt = Field(200_000, description="ReplayBuffer cap in steps (host RAM)")
+    policy: Literal["expert", "random"] = "expert"
+    out: Path = Path("data/tworoom.lance")
+    format: Literal["lance", "hdf5", "folder"] = "lance"
+    seed: int = 0
+
+
+class DataConfig(Section):
+    """Streaming clips from a dataset on disk."""
+
+    path: Path = Path("data/tworoom.lance")
+    history_len: PositiveInt = Field(4, description="observations per clip")
+    frameskip: PositiveInt = Field(2, description="observation stride; actions stay dense")
+    num_workers: int = Field(2, ge=0, description="DataLoader worker processes")
+    prefetch_factor: PositiveInt = 2
+    cache_dir: Path | None = None
+
+
+class ModelConfig(Section):
+    """The JEPA world model: encoder (pixels -> latent) and causal action-conditioned predictor."""
+
+    encoder: Literal["cnn", "vit"] = "cnn"
+    latent_dim: PositiveInt = 128
+    cnn_width: PositiveInt = Field(32, description="channels of the first CNN stage (doubles)")
+    vit_patch: PositiveInt = 16
+    vit_dim: PositiveInt = 192
+    vit_depth: PositiveInt = 12
+    vit_heads: PositiveInt = 3
+    predictor_dim: PositiveInt = 256
+    predictor_depth: PositiveInt = 4
+    predictor_heads: PositiveInt = 4
+    regularizer: Literal["sigreg", "vicreg"] = "sigreg"
+    regularizer_weight: float = Field(0.1, ge=0)
+
+
+class TrainConfig(Section):
+    """`swm train`: the optimization loop and its memory levers."""
+
+    steps: PositiveInt = 1000
+    batch_size: PositiveInt = 64
+    grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
+    lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.05, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    bf16: bool = Field(False, description="bf16 autocast: True reduces activation memory")
+    compile: bool = Field(False, description="torch.compile encoder and predictor separately")
+    seed: int = 0
+    out: Path = Path("runs/tworoom")
+    checkpoint_every: PositiveInt = 100
+    log_every: PositiveInt = 10
+
+
+class EvalConfig(Section):
+    """`swm eval`: open-loop prediction error and goal reaching with a planner."""
+
+    episodes: PositiveInt = Field(10, description="seeded planning episodes")
+    planner: Literal["cem", "mppi"] = "cem"
+    horizon: PositiveInt = Field(5, description="planned action blocks")
+    samples: PositiveInt = Field(128, description="action sequences per planner iteration")
+    iterations: PositiveInt = 4
+    elites: PositiveInt = 16
+    max_steps: PositiveInt = Field(60, description="env steps per planning episode")
+    heldout_episodes: PositiveInt = Field(4, description="episodes kept out for prediction error")
+    bf16: bool = False
+    compile: bool = False
+    seed: int = 1000
+
+
+class MemprofileConfig(Section):
+    """`swm memprofile`: budgets to fit."""
+
+    budget: int | None = Field(None, description="GPU memory budget in bytes (accepts '24GiB')")
+    ram_budget: int | None = Field(None, description="host RAM budget in bytes (accepts '64GB')")
+
+    @field_validator("budget", "ram_budget", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> int | None:
+        return None if value is None else parse_size(value)
+
+
+class SwmConfig(Section):
+    """All of swm's settings; every command reads the sections it needs."""
+
+    env: EnvConfig = EnvConfig()
+    collect: CollectConfig = CollectConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    memprofile: MemprofileConfig = MemprofileConfig()
+
+
+def presets_dir() -> Path:
+    """Where presets live: inside the installed wheel, else the repository's ``presets/``."""
+    packaged = Path(__file__).parent / "presets"
+    return packaged if packaged.is_dir() else Path(__file__).parents[1] / "presets"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in presets_dir().glob("*.toml"))
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise UsageError(f"config file {path} does not exist", hint="check the path") from err
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{path} is not valid TOML: {err}", hint="fix the file") from err
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    if path.suffix == ".json":
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise UsageError(f"cannot read config {path}: {err}", hint="check the path") from err
+    return _read_toml(path)
+
+
+def _parse_value(text: str) -> Any:
+    """A --set value as TOML (numbers, booleans, lists, quoted strings), else the raw string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _put(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        node = tree.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise UsageError(f"cannot set {dotted}: {key} is not a section", hint="see --help")
+        tree = node
+    tree[leaf] = value
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _describe(err: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors(include_url=False)
+    )
+
+
+def resolve_config(
+    preset: str | None = None,
+    config_file: Path | None = None,
+    sets: list[str] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> SwmConfig:
+    """Build the one validated config of a command, reporting every bad field at once.
+
+    ``flags`` maps dotted keys (``"train.batch_size"``) to explicit flag values; ``None`` means the
+    flag was not given and does not override anything.
+    """
+    tree: dict[str, Any] = {}
+    if preset is not None:
+        path = presets_dir() / f"{preset}.toml"
+        if not path.is_file():
+            raise UsageError(
+                f"no preset named {preset!r}", hint=f"choose one of: {', '.join(preset_names())}"
+            )
+        tree = _merge(tree, _read_toml(path))
+    if config_file is not None:
+        tree = _merge(tree, _read_config_file(config_file))
+    for item in sets or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {item!r} is not key=value", hint="e.g. --set train.lr=1e-3")
+        _put(tree, key.strip(), _parse_value(value.strip()))
+    for key, value in (flags or {}).items():
+        if value is not None:
+            _put(tree, key, value)
+    try:
+        return SwmConfig.model_validate(tree)
+    except ValidationError as err:
+        raise UsageError(
+            f"invalid config: {_describe(err)}", hint="see `swm COMMAND --help`"
+        ) from err
+
+
+def save_config(config: SwmConfig, directory: Path) -> Path:
+    """Write the resolved config next to a command's output, so the run needs nothing else."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / CONFIG_FILE
+    path.write_text(config.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def load_run_config(run_dir: Path) -> SwmConfig:
+    """The resolved config a run directory was made with."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        from swmcli.errors import CheckpointError
+
+        raise CheckpointError(
+            f"{run_dir} has no {CONFIG_FILE}",
+            hint="pass a directory written by `swm train`",
+            exit_code=2,
+        )
+    return SwmConfig.model_validate(_read_config_file(path))

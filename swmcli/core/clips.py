@@ -1,0 +1,54 @@
+"""Clip index math shared by the ReplayBuffer and every on-disk dataset.
+
+A clip of ``history_len`` observations with ``frameskip`` spans ``history_len * frameskip``
+consecutive rows of one episode. Observation keys are read at the strided rows
+``s, s+frameskip, ..., s+(history_len-1)*frameskip``; the action is dense: observation ``k`` gets
+the ``frameskip`` actions of rows ``s+k*frameskip ... s+(k+1)*frameskip-1`` concatenated, so a
+clip's action has shape ``(history_len, frameskip * action_dim)``. Clips never cross episodes.
+
+Everything here works on integer arrays (no per-clip Python objects): one int64 start per clip.
+"""
+
+import numpy as np
+
+ACTION = "action"
+
+
+def clip_span(history_len: int, frameskip: int) -> int:
+    """Rows one clip covers."""
+    return history_len * frameskip
+
+
+def clip_starts(episode_starts: np.ndarray, episode_lengths: np.ndarray, span: int) -> np.ndarray:
+    """Row of every valid clip start, episode by episode, in order (int64).
+
+    An episode of length L starting at row r contributes starts r .. r+L-span; one shorter than
+    ``span`` contributes none.
+    """
+    starts = np.asarray(episode_starts, dtype=np.int64)
+    counts = np.maximum(np.asarray(episode_lengths, dtype=np.int64) - span + 1, 0)
+    total = int(counts.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    # Offsets 0..count-1 within each episode, built without a Python loop.
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    offsets = np.arange(total, dtype=np.int64) - first
+    return np.repeat(starts, counts) + offsets
+
+
+def observation_rows(starts: np.ndarray, history_len: int, frameskip: int) -> np.ndarray:
+    """Rows of the strided observations, shape ``(len(starts), history_len)``."""
+    steps = np.arange(history_len, dtype=np.int64) * frameskip
+    return np.asarray(starts, dtype=np.int64)[:, None] + steps[None, :]
+
+
+def action_rows(starts: np.ndarray, history_len: int, frameskip: int) -> np.ndarray:
+    """Rows of the dense actions, shape ``(len(starts), history_len * frameskip)``."""
+    steps = np.arange(clip_span(history_len, frameskip), dtype=np.int64)
+    return np.asarray(starts, dtype=np.int64)[:, None] + steps[None, :]
+
+
+def fold_actions(actions: np.ndarray, history_len: int) -> np.ndarray:
+    """Dense actions ``(..., history_len*frameskip, A)`` -> ``(..., history_len, frameskip*A)``."""
+    *lead, rows, action_dim = actions.shape
+    return actions.reshape(*lead, history_len, (rows // history_len) * action_dim)

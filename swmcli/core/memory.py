@@ -1,0 +1,199 @@
+"""How much memory there is, and how much a command used: host RAM and CUDA, per phase.
+
+On CUDA the peaks come from the caching allocator (reset at the start of each phase). Without
+CUDA the report gives the host's peak RSS (reset per phase through ``/proc/self/clear_refs`` where
+Linux allows it) and the peak of live tensor bytes seen by a torch dispatch mode.
+"""
+
+import os
+import resource
+import sys
+import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+def available_host_bytes() -> int:
+    """Bytes of RAM the host can give without swapping (MemAvailable), else free physical pages."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def total_host_bytes() -> int:
+    """Physical RAM of the host in bytes."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (since the last reset, on Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark so the next phase is measured alone (False: unsupported)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def cuda_status() -> str:
+    """'cuda' when this process uses CUDA; else why not, without importing torch just to ask."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return "cuda"
+    if torch is None and any(Path("/proc/driver/nvidia/gpus").glob("*")):
+        return "CUDA device present, not used by this command"
+    return "no CUDA device"
+
+
+@dataclass
+class PhasePeak:
+    """Peak memory of one phase of a command, in bytes (None where not measured)."""
+
+    name: str
+    seconds: float
+    host_peak_rss_bytes: int
+    live_tensor_peak_bytes: int | None = None
+    cuda_allocated_bytes: int | None = None
+    cuda_reserved_bytes: int | None = None
+    cuda_device_bytes: int | None = None
+    cuda_alloc_retries: int | None = None
+    cuda_ooms: int | None = None
+
+
+@dataclass
+class MemoryReport:
+    """What a command used: one PhasePeak per phase and the CUDA status in words."""
+
+    cuda: str
+    phases: list[PhasePeak] = field(default_factory=list)
+    host_total_bytes: int = field(default_factory=total_host_bytes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LiveTensorBytes:
+    """Live and peak bytes of tensor storages, seen through a torch dispatch mode.
+
+    Every storage an operator reads or returns is counted once until it is freed, so the peak is
+    the most tensor memory alive at once inside the tracked block (a CPU stand-in for
+    ``torch.cuda.max_memory_allocated``). Works on real and on fake tensors.
+    """
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+        self._mode = None
+
+    def _track(self, storage) -> None:
+        if storage in self._seen:
+            return
+        nbytes = storage.nbytes()
+        self._seen[storage] = nbytes
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._free, nbytes)
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def track_tensor(self, tensor) -> None:
+        """Count a tensor made outside the tracked block (parameters, a batch) as live."""
+        self._track(tensor.untyped_storage())
+
+    def __enter__(self) -> "LiveTensorBytes":
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        tracker = self
+        self._seen = WeakIdKeyDictionary()
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for leaf in tree_leaves((args, kwargs, out)):
+                    if isinstance(leaf, torch.Tensor):
+                        tracker._track(leaf.untyped_storage())
+                return out
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        self._mode = None
+
+
+class MemoryMonitor:
+    """Measures each phase of a command alone: CUDA peaks reset at its start, else host peaks.
+
+    ``track_tensors`` counts live tensor bytes on CPU (a dispatch mode: a small cost per operator),
+    for commands that run torch.
+    """
+
+    def __init__(self, track_tensors: bool = False) -> None:
+        self.track_tensors = track_tensors
+        self.report = MemoryReport(cuda=cuda_status())
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.report.cuda = cuda_status()
+        use_cuda = self.report.cuda == "cuda"
+        torch = sys.modules.get("torch")
+        if use_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        reset_peak_rss()
+        live = LiveTensorBytes() if self.track_tensors and not use_cuda else None
+        start = time.perf_counter()
+        try:
+            if live is not None:
+                with live:
+                    yield
+            else:
+                yield
+        finally:
+            peak = PhasePeak(name, time.perf_counter() - start, peak_rss_bytes())
+            if live is not None:
+                peak.live_tensor_peak_bytes = live.peak
+            if use_cuda:
+                torch.cuda.synchronize()
+                stats = torch.cuda.memory_stats()
+                peak.cuda_allocated_bytes = torch.cuda.max_memory_allocated()
+                peak.cuda_reserved_bytes = torch.cuda.max_memory_reserved()
+                peak.cuda_device_bytes = torch.cuda.get_device_properties(0).total_memory
+                peak.cuda_alloc_retries = stats.get("num_alloc_retries", 0)
+                peak.cuda_ooms = stats.get("num_ooms", 0)
+            self.report.phases.append(peak)

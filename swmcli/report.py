@@ -1,0 +1,181 @@
+"""All of swm's terminal output: progress bars (stderr), result tables and the memory panel
+(stdout), one-line errors (stderr), and the same figures as one JSON object with ``--json``.
+
+Library entry points return a ``CommandResult``; the CLI renders it here. Keys ending in
+``_bytes`` are shown with units in tables and kept as plain integers in JSON.
+"""
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from swmcli.units import format_bytes
+
+
+@dataclass
+class Table:
+    """A titled table of already formatted cells."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+@dataclass
+class CommandResult:
+    """What a command produced: key figures (JSON-able), extra tables and notes for the reader."""
+
+    title: str
+    fields: dict[str, Any]
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _stdout_console():
+    from rich.console import Console
+
+    return Console()
+
+
+@contextmanager
+def progress(description: str, total: int | None) -> Iterator[Callable[..., None]]:
+    """A Rich progress bar on stderr; yields ``advance(n=1, **fields)`` (fields: status text)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+    ]
+    with Progress(*columns, console=_stderr_console(), transient=False) as bar:
+        task = bar.add_task(description, total=total, status="")
+
+        def advance(n: int = 1, **status: Any) -> None:
+            text = "  ".join(f"{k} {_cell(k, v)}" for k, v in status.items())
+            bar.update(task, advance=n, status=text)
+
+        yield advance
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("_bytes") and isinstance(value, int | float):
+        return format_bytes(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _label(key: str) -> str:
+    return key.removesuffix("_bytes").replace("_", " ")
+
+
+def _fields_table(result: CommandResult):
+    from rich.table import Table as RichTable
+
+    table = RichTable(title=result.title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in result.fields.items():
+        table.add_row(_label(key), _cell(key, value))
+    return table
+
+
+def _rich_table(spec: Table):
+    from rich.table import Table as RichTable
+
+    table = RichTable(title=spec.title, title_justify="left")
+    for column in spec.columns:
+        table.add_column(column)
+    for row in spec.rows:
+        table.add_row(*(str(cell) for cell in row))
+    return table
+
+
+def memory_panel(report) -> Any:
+    """The memory report: CUDA peaks per phase, or "no CUDA device" plus host and tensor peaks."""
+    from rich.panel import Panel
+    from rich.table import Table as RichTable
+
+    on_cuda = report.cuda == "cuda"
+    table = RichTable(show_edge=False)
+    table.add_column("phase")
+    table.add_column("seconds", justify="right")
+    if on_cuda:
+        for column in ("peak allocated", "peak reserved", "% of device", "retries", "OOMs"):
+            table.add_column(column, justify="right")
+    table.add_column("host peak RSS", justify="right")
+    if not on_cuda:
+        table.add_column("peak live tensors", justify="right")
+    for phase in report.phases:
+        row = [phase.name, f"{phase.seconds:.1f}"]
+        if on_cuda:
+            share = 100 * phase.cuda_reserved_bytes / phase.cuda_device_bytes
+            row += [
+                format_bytes(phase.cuda_allocated_bytes),
+                format_bytes(phase.cuda_reserved_bytes),
+                f"{share:.1f}%",
+                str(phase.cuda_alloc_retries),
+                str(phase.cuda_ooms),
+            ]
+        row.append(format_bytes(phase.host_peak_rss_bytes))
+        if not on_cuda:
+            live = phase.live_tensor_peak_bytes
+            row.append("not tracked" if live is None else format_bytes(live))
+        table.add_row(*row)
+    title = "memory: peak CUDA per phase" if on_cuda else f"memory: {report.cuda} — host figures"
+    return Panel(table, title=title, title_align="left", border_style="cyan")
+
+
+def emit(result: CommandResult, memory, as_json: bool) -> None:
+    """Print a command's result and its memory report: Rich on stdout, or one JSON object."""
+    if as_json:
+        payload = {
+            "command": result.title,
+            **result.fields,
+            "tables": [asdict(t) for t in result.tables],
+            "notes": result.notes,
+            "memory": memory.to_dict(),
+        }
+        sys.stdout.write(json.dumps(payload, default=str) + "\n")
+        return
+    console = _stdout_console()
+    console.print(_fields_table(result))
+    for spec in result.tables:
+        console.print(_rich_table(spec))
+    for note in result.notes:
+        console.print(f"[dim]{note}[/dim]")
+    console.print(memory_panel(memory))
+
+
+def error(message: str, hint: str | None) -> None:
+    """One line saying what went wrong and, below it, what to do (stderr)."""
+    console = _stderr_console()
+    console.print(f"[bold red]error:[/bold red] {message}", highlight=False, markup=True)
+    if hint:
+        console.print(f"[yellow]hint:[/yellow] {hint}", highlight=False)
+
+
+def info(message: str) -> None:
+    """A log line on stderr (e.g. the dtype chosen and why)."""
+    _stderr_console().print(message, highlight=False)
