@@ -38,7 +38,9 @@ class CollectConfig(Section):
     max_steps: PositiveInt = Field(200_000, description="ReplayBuffer cap in steps (host RAM)")
     policy: Literal["expert", "random"] = "expert"
     out: Path = Path("data/tworoom.lance")
-    format: Literal["lance", "hdf5", "folder"] = "lance"
+    format: Literal["lance", "hdf5", "folder"] | None = Field(
+        None, description="dataset format; default: from the --out suffix, else lance"
+    )
     seed: int = 0
 
 

@@ -1,0 +1,318 @@
+"""The `swm` command line.
+
+Thin commands (parse, build one validated config, make one library call, render) behind one error
+boundary. Heavy imports happen inside the commands, so `swm --help` stays fast.
+"""
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from swmcli import __version__
+from swmcli.errors import SwmError
+
+app = typer.Typer(
+    name="swm",
+    help="Collect pixel experience, store and stream it, train and evaluate world models, "
+    "and know their memory needs — inside one 24 GB GPU.",
+    epilog="Quick start: swm collect --preset tiny && swm train --preset tiny "
+    "&& swm eval runs/tiny",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+Preset = Annotated[
+    str | None, typer.Option("--preset", help="a preset from presets/: tiny, tworoom-64, ...")
+]
+ConfigFile = Annotated[
+    Path | None, typer.Option("--config", help="a TOML (or config.json) file of settings")
+]
+Sets = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="override one setting, e.g. --set train.lr=1e-3 (repeatable)"),
+]
+Json = Annotated[bool, typer.Option("--json", help="print the result as one JSON object")]
+
+
+@contextmanager
+def error_boundary() -> Iterator[None]:
+    """Known errors become one line and a hint with their exit code; ^C exits 130.
+
+    Anything unexpected is one line too, unless SWM_DEBUG=1 asks for the traceback.
+    """
+    from swmcli import report
+
+    try:
+        yield
+    except SwmError as err:
+        report.error(err.message, err.hint)
+        raise typer.Exit(err.exit_code) from None
+    except KeyboardInterrupt:
+        report.error("interrupted", "finished episodes and checkpoints already written are kept")
+        raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as err:
+        if os.environ.get("SWM_DEBUG") == "1":
+            raise
+        report.error(f"{type(err).__name__}: {err}", "rerun with SWM_DEBUG=1 to see the traceback")
+        raise typer.Exit(1) from None
+
+
+def _run(
+    job: Callable[..., Any],
+    *,
+    as_json: bool,
+    preset: str | None,
+    config: Path | None,
+    sets: list[str] | None,
+    flags: dict[str, Any],
+    track_tensors: bool = False,
+    **kwargs: Any,
+) -> None:
+    """Resolve the config, run ``job(cfg, monitor, **kwargs)`` and render its result."""
+    from swmcli import report
+    from swmcli.config import resolve_config
+    from swmcli.core.memory import MemoryMonitor
+
+    with error_boundary():
+        cfg = resolve_config(preset, config, sets, flags)
+        monitor = MemoryMonitor(track_tensors=track_tensors)
+        result = job(cfg, monitor, **kwargs)
+        report.emit(result, monitor.report, as_json)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"swm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version")
+    ] = False,
+) -> None:
+    """swm: world models inside a memory budget."""
+
+
+@app.command(
+    epilog="Examples:\n\n"
+    "  swm collect --preset tiny\n\n"
+    "  swm collect --episodes 200 --resolution 64 --out data/tworoom.lance\n\n"
+    "  swm collect --env CartPole-v1 --policy random --steps 5000 --format hdf5 --out data/cp.h5"
+)
+def collect(
+    env: Annotated[str | None, typer.Option(help="gymnasium id (default swm/TwoRoom-v0)")] = None,
+    episodes: Annotated[int | None, typer.Option(help="finished episodes to collect")] = None,
+    steps: Annotated[int | None, typer.Option(help="collect exactly this many steps")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="ReplayBuffer cap in steps")] = None,
+    resolution: Annotated[int | None, typer.Option(help="frame side in pixels")] = None,
+    policy: Annotated[str | None, typer.Option(help="expert or random")] = None,
+    out: Annotated[Path | None, typer.Option(help="dataset path (appends if it exists)")] = None,
+    format: Annotated[str | None, typer.Option(help="lance, hdf5 or folder")] = None,
+    seed: Annotated[int | None, typer.Option(help="seed of env resets and policy")] = None,
+    preset: Preset = None,
+    config: ConfigFile = None,
+    set_: Sets = None,
+    as_json: Json = False,
+) -> None:
+    """Roll out a policy through the capped ReplayBuffer; append finished episodes to a dataset."""
+    from swmcli.collect import run_collect
+
+    flags = {
+        "env.id": env,
+        "env.resolution": resolution,
+        "collect.episodes": episodes,
+        "collect.steps": steps,
+        "collect.max_steps": max_steps,
+        "collect.policy": policy,
+        "collect.out": out,
+        "collect.format": format,
+        "collect.seed": seed,
+    }
+    _run(run_collect, as_json=as_json, preset=preset, config=config, sets=set_, flags=flags)
+
+
+@app.command(
+    epilog="Examples:\n\n"
+    "  swm convert data/tworoom.lance data/tworoom.h5\n\n"
+    "  swm convert data/tworoom.h5 data/frames --to folder --keys pixels,action\n\n"
+    "  swm convert data/a.lance data/a.h5 --overwrite"
+)
+def convert(
+    src: Annotated[Path, typer.Argument(help="dataset to read (never modified)")],
+    dst: Annotated[Path, typer.Argument(help="dataset to write")],
+    to: Annotated[
+        str | None, typer.Option(help="lance, hdf5 or folder (default: DST suffix)")
+    ] = None,
+    keys: Annotated[str | None, typer.Option(help="comma-separated keys to keep")] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="replace DST if it exists")
+    ] = False,
+    as_json: Json = False,
+) -> None:
+    """Convert a dataset between formats: streamed, verified by checksums, renamed into place."""
+    from swmcli.core.storage.convert import convert as convert_dataset
+
+    key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
+
+    def job(_cfg, monitor):
+        with monitor.phase("convert"):
+            return convert_dataset(src, dst, to=to, keys=key_list, overwrite=overwrite)
+
+    _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
+
+
+@app.command(epilog="Example:\n\n  swm info data/tworoom.lance")
+def info(
+    path: Annotated[Path, typer.Argument(help="a dataset (lance, hdf5 or folder)")],
+    as_json: Json = False,
+) -> None:
+    """Show a dataset: format, episodes, steps, keys with dtypes and shapes, bytes on disk."""
+    from swmcli.core.storage.convert import info as dataset_info
+
+    def job(_cfg, monitor):
+        with monitor.phase("inspect"):
+            return dataset_info(path)
+
+    _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
+
+
+@app.command(
+    epilog="Examples:\n\n"
+    "  swm train --preset tiny\n\n"
+    "  swm train --data data/tworoom.lance --steps 3000 --batch-size 64 --out runs/tr64\n\n"
+    "  swm train --preset gpu24-224-bf16 --bf16 --compile\n\n"
+    "  swm train --preset tiny --resume"
+)
+def train(
+    data: Annotated[Path | None, typer.Option(help="dataset to stream clips from")] = None,
+    steps: Annotated[int | None, typer.Option(help="optimizer steps")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="clips per optimizer step")] = None,
+    history_len: Annotated[int | None, typer.Option(help="observations per clip")] = None,
+    frameskip: Annotated[int | None, typer.Option(help="observation stride")] = None,
+    bf16: Annotated[bool | None, typer.Option("--bf16/--fp32", help="bf16 autocast")] = None,
+    compile: Annotated[bool | None, typer.Option("--compile/--eager", help="torch.compile")] = None,
+    out: Annotated[Path | None, typer.Option(help="run directory")] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue from the run's checkpoint")
+    ] = False,
+    seed: Annotated[int | None, typer.Option(help="seed of init, sampling and shuffling")] = None,
+    preset: Preset = None,
+    config: ConfigFile = None,
+    set_: Sets = None,
+    as_json: Json = False,
+) -> None:
+    """Train a world model, streaming clips from disk; checkpoints are atomic and resumable."""
+    from swmcli.train import run_train
+
+    flags = {
+        "data.path": data,
+        "data.history_len": history_len,
+        "data.frameskip": frameskip,
+        "train.steps": steps,
+        "train.batch_size": batch_size,
+        "train.bf16": bf16,
+        "train.compile": compile,
+        "train.out": out,
+        "train.seed": seed,
+    }
+    _run(
+        run_train,
+        as_json=as_json,
+        preset=preset,
+        config=config,
+        sets=set_,
+        flags=flags,
+        track_tensors=True,
+        resume=resume,
+    )
+
+
+@app.command(
+    name="eval",
+    epilog="Examples:\n\n"
+    "  swm eval runs/tiny\n\n"
+    "  swm eval runs/tworoom-64 --episodes 50 --planner mppi\n\n"
+    "  swm eval runs/gpu24-224-bf16 --bf16 --compile --json",
+)
+def eval_(
+    run_dir: Annotated[Path, typer.Argument(help="a run directory written by swm train")],
+    episodes: Annotated[int | None, typer.Option(help="seeded planning episodes")] = None,
+    planner: Annotated[str | None, typer.Option(help="cem or mppi")] = None,
+    bf16: Annotated[bool | None, typer.Option("--bf16/--fp32", help="bf16 autocast")] = None,
+    compile: Annotated[bool | None, typer.Option("--compile/--eager", help="torch.compile")] = None,
+    as_json: Json = False,
+) -> None:
+    """Evaluate a run: open-loop prediction error and goal-reaching success with a planner."""
+    from swmcli.evaluate import run_eval
+
+    def job(_cfg, monitor):
+        return run_eval(
+            run_dir, monitor, episodes=episodes, planner=planner, bf16=bf16, compile=compile
+        )
+
+    _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={}, track_tensors=True)
+
+
+@app.command(
+    epilog="Examples:\n\n"
+    "  swm memprofile --resolution 224 --budget 24GiB\n\n"
+    "  swm memprofile --preset gpu24-224-bf16 --budget 24GiB --ram-budget 64GB --json\n\n"
+    "  swm memprofile --run runs/tiny"
+)
+def memprofile(
+    run: Annotated[Path | None, typer.Option(help="profile a trained run's config")] = None,
+    resolution: Annotated[int | None, typer.Option(help="frame side in pixels")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="clips per step")] = None,
+    history_len: Annotated[int | None, typer.Option(help="observations per clip")] = None,
+    frameskip: Annotated[int | None, typer.Option(help="observation stride")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="ReplayBuffer cap in steps")] = None,
+    bf16: Annotated[bool | None, typer.Option("--bf16/--fp32", help="bf16 autocast")] = None,
+    budget: Annotated[str | None, typer.Option(help="GPU memory budget, e.g. 24GiB")] = None,
+    ram_budget: Annotated[str | None, typer.Option(help="host RAM budget, e.g. 64GB")] = None,
+    snapshot: Annotated[
+        Path | None, typer.Option(help="write a CUDA memory snapshot (GPU)")
+    ] = None,
+    preset: Preset = None,
+    config: ConfigFile = None,
+    set_: Sets = None,
+    as_json: Json = False,
+) -> None:
+    """Predict (CPU) and measure (GPU) peak memory per technique; the largest batch that fits."""
+    from swmcli.memprofile import run_memprofile
+
+    if run is not None:
+        config = run / "config.json"
+    flags = {
+        "env.resolution": resolution,
+        "train.batch_size": batch_size,
+        "data.history_len": history_len,
+        "data.frameskip": frameskip,
+        "collect.max_steps": max_steps,
+        "train.bf16": bf16,
+        "memprofile.budget": budget,
+        "memprofile.ram_budget": ram_budget,
+    }
+    _run(
+        run_memprofile,
+        as_json=as_json,
+        preset=preset,
+        config=config,
+        sets=set_,
+        flags=flags,
+        snapshot=snapshot,
+    )
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
