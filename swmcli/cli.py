@@ -4,6 +4,7 @@ Thin commands (parse, build one validated config, make one library call, render)
 boundary. Heavy imports happen inside the commands, so `swm --help` stays fast.
 """
 
+import importlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -66,7 +67,7 @@ def error_boundary() -> Iterator[None]:
 
 
 def _run(
-    job: Callable[..., Any],
+    job: Callable[..., Any] | str,
     *,
     as_json: bool,
     preset: str | None,
@@ -76,13 +77,19 @@ def _run(
     track_tensors: bool = False,
     **kwargs: Any,
 ) -> None:
-    """Resolve the config, run ``job(cfg, monitor, **kwargs)`` and render its result."""
+    """Resolve the config, run ``job(cfg, monitor, **kwargs)`` and render its result.
+
+    ``job`` may be "module:function", imported inside the error boundary (heavy imports stay lazy).
+    """
     from swmcli import report
     from swmcli.config import resolve_config
     from swmcli.core.memory import MemoryMonitor
 
     with error_boundary():
         cfg = resolve_config(preset, config, sets, flags)
+        if isinstance(job, str):
+            module, _, name = job.partition(":")
+            job = getattr(importlib.import_module(module), name)
         monitor = MemoryMonitor(track_tensors=track_tensors)
         result = job(cfg, monitor, **kwargs)
         report.emit(result, monitor.report, as_json)
@@ -125,8 +132,6 @@ def collect(
     as_json: Json = False,
 ) -> None:
     """Roll out a policy through the capped ReplayBuffer; append finished episodes to a dataset."""
-    from swmcli.collect import run_collect
-
     flags = {
         "env.id": env,
         "env.resolution": resolution,
@@ -138,7 +143,14 @@ def collect(
         "collect.format": format,
         "collect.seed": seed,
     }
-    _run(run_collect, as_json=as_json, preset=preset, config=config, sets=set_, flags=flags)
+    _run(
+        "swmcli.collect:run_collect",
+        as_json=as_json,
+        preset=preset,
+        config=config,
+        sets=set_,
+        flags=flags,
+    )
 
 
 @app.command(
@@ -160,11 +172,11 @@ def convert(
     as_json: Json = False,
 ) -> None:
     """Convert a dataset between formats: streamed, verified by checksums, renamed into place."""
-    from swmcli.core.storage.convert import convert as convert_dataset
-
     key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
 
     def job(_cfg, monitor):
+        from swmcli.core.storage.convert import convert as convert_dataset
+
         with monitor.phase("convert"):
             return convert_dataset(src, dst, to=to, keys=key_list, overwrite=overwrite)
 
@@ -177,9 +189,10 @@ def info(
     as_json: Json = False,
 ) -> None:
     """Show a dataset: format, episodes, steps, keys with dtypes and shapes, bytes on disk."""
-    from swmcli.core.storage.convert import info as dataset_info
 
     def job(_cfg, monitor):
+        from swmcli.core.storage.convert import info as dataset_info
+
         with monitor.phase("inspect"):
             return dataset_info(path)
 
@@ -212,8 +225,6 @@ def train(
     as_json: Json = False,
 ) -> None:
     """Train a world model, streaming clips from disk; checkpoints are atomic and resumable."""
-    from swmcli.train import run_train
-
     flags = {
         "data.path": data,
         "data.history_len": history_len,
@@ -226,7 +237,7 @@ def train(
         "train.seed": seed,
     }
     _run(
-        run_train,
+        "swmcli.train:run_train",
         as_json=as_json,
         preset=preset,
         config=config,
@@ -253,9 +264,10 @@ def eval_(
     as_json: Json = False,
 ) -> None:
     """Evaluate a run: open-loop prediction error and goal-reaching success with a planner."""
-    from swmcli.evaluate import run_eval
 
     def job(_cfg, monitor):
+        from swmcli.evaluate import run_eval
+
         return run_eval(
             run_dir, monitor, episodes=episodes, planner=planner, bf16=bf16, compile=compile
         )
@@ -288,8 +300,6 @@ def memprofile(
     as_json: Json = False,
 ) -> None:
     """Predict (CPU) and measure (GPU) peak memory per technique; the largest batch that fits."""
-    from swmcli.memprofile import run_memprofile
-
     if run is not None:
         config = run / "config.json"
     flags = {
@@ -303,7 +313,7 @@ def memprofile(
         "memprofile.ram_budget": ram_budget,
     }
     _run(
-        run_memprofile,
+        "swmcli.memprofile:run_memprofile",
         as_json=as_json,
         preset=preset,
         config=config,

@@ -1,0 +1,78 @@
+"""The CLI's contract: help with examples, version, exit codes, one-line errors, --json."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from swmcli import __version__
+from swmcli.cli import app
+
+runner = CliRunner()
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+@pytest.mark.parametrize("command", ["collect", "convert", "info", "train", "eval", "memprofile"])
+def test_every_command_has_help_with_examples(command):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Example" in result.output and f"swm {command}" in result.output
+
+
+def test_help_does_not_import_heavy_modules():
+    code = (
+        "import sys; from swmcli.cli import app; "
+        "heavy = [m for m in ('torch', 'lance', 'lancedb', 'h5py', 'gymnasium', 'pyarrow') "
+        "if m in sys.modules]; print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_unknown_option_is_usage_error():
+    result = runner.invoke(app, ["collect", "--no-such-flag"])
+    assert result.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["collect", "--preset", "nope"],
+        ["collect", "--set", "collect.episodes=-3"],
+        ["collect", "--policy", "clever"],
+        ["memprofile", "--budget", "lots"],
+        ["memprofile", "--resolution", "-64"],
+        ["train", "--config", "missing.toml"],
+    ],
+)
+def test_bad_config_exits_2_with_one_line_and_hint(args):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error:") and "hint:" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_known_errors_stay_one_line_under_debug():
+    env = {**os.environ, "SWM_DEBUG": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "swmcli", "collect", "--preset", "nope"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: no preset named 'nope'")
+
+
+def test_json_error_path_keeps_stdout_clean():
+    result = runner.invoke(app, ["memprofile", "--budget", "lots", "--json"])
+    assert result.exit_code == 2
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(result.stdout or "")

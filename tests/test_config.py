@@ -1,0 +1,101 @@
+"""Config: presets validate, precedence holds, bad values are reported all at once."""
+
+import json
+
+import pytest
+
+from swmcli.config import (
+    SwmConfig,
+    load_run_config,
+    preset_names,
+    resolve_config,
+    save_config,
+)
+from swmcli.errors import CheckpointError, UsageError
+from swmcli.units import format_bytes, format_gb, parse_size
+
+
+def test_required_presets_exist():
+    assert {"tiny", "tworoom-64", "tworoom-224", "gpu24-224-bf16"} <= set(preset_names())
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_validates(name):
+    cfg = resolve_config(preset=name)
+    assert isinstance(cfg, SwmConfig)
+    assert cfg.collect.out == cfg.data.path, "a preset trains on the data it collects"
+
+
+def test_gpu_preset_turns_on_bf16_and_compile():
+    cfg = resolve_config(preset="gpu24-224-bf16")
+    assert cfg.env.resolution == 224 and cfg.train.bf16 and cfg.train.compile
+
+
+def test_precedence_defaults_preset_file_set_flags(tmp_path):
+    file = tmp_path / "c.toml"
+    file.write_text("[train]\nlr = 0.002\nsteps = 7\nbatch_size = 3\n")
+    cfg = resolve_config(
+        preset="tiny",
+        config_file=file,
+        sets=["train.steps=9", "train.batch_size=5"],
+        flags={"train.batch_size": 11, "train.seed": None},
+    )
+    assert cfg.env.resolution == 32  # preset over default
+    assert cfg.train.lr == 0.002  # file over preset
+    assert cfg.train.steps == 9  # --set over file
+    assert cfg.train.batch_size == 11  # flag over --set
+    assert cfg.train.seed == 0  # an absent flag overrides nothing
+
+
+def test_set_parses_toml_values():
+    cfg = resolve_config(sets=["train.bf16=true", "model.latent_dim=16", "collect.out=x/y.h5"])
+    assert cfg.train.bf16 is True and cfg.model.latent_dim == 16 and str(cfg.collect.out) == "x/y.h5"
+
+
+def test_all_bad_fields_reported_at_once():
+    with pytest.raises(UsageError) as err:
+        resolve_config(sets=["train.lr=-1", "env.colour=3", "env.resolution=0"])
+    message = err.value.message
+    assert "train.lr" in message and "env.colour" in message and "env.resolution" in message
+    assert err.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"preset": "nope"}, {"sets": ["novalue"]}, {"sets": ["train.lr.x=1"]}],
+)
+def test_bad_usage_is_a_usage_error(kwargs):
+    with pytest.raises(UsageError):
+        resolve_config(**kwargs)
+
+
+def test_missing_and_broken_config_files(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        resolve_config(config_file=tmp_path / "missing.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[train\n")
+    with pytest.raises(UsageError, match="not valid TOML"):
+        resolve_config(config_file=broken)
+
+
+def test_saved_config_round_trips(tmp_path):
+    cfg = resolve_config(preset="tiny", sets=["train.lr=0.01"])
+    path = save_config(cfg, tmp_path / "run")
+    assert json.loads(path.read_text())["train"]["lr"] == 0.01
+    assert load_run_config(tmp_path / "run") == cfg
+    with pytest.raises(CheckpointError):
+        load_run_config(tmp_path / "elsewhere")
+
+
+def test_sizes():
+    assert parse_size("24GiB") == 24 * 2**30
+    assert parse_size("30GB") == 30 * 10**9
+    assert parse_size("1.5 kb") == 1500
+    assert parse_size(4096) == 4096
+    assert resolve_config(sets=['memprofile.budget="24GiB"']).memprofile.budget == 24 * 2**30
+    for bad in ("lots", "12XB", "-3GB", "0"):
+        with pytest.raises(UsageError):
+            parse_size(bad)
+    assert format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(512) == "512 B"
+    assert format_gb(200_000 * 224 * 224 * 3) == "30.1 GB"
