@@ -1,0 +1,102 @@
+"""`swm collect` end to end: a real TwoRoom rollout through the buffer into real datasets."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from swmcli.cli import app
+from swmcli.core.storage import open_reader
+
+runner = CliRunner()
+
+
+def _collect(*args):
+    return runner.invoke(app, ["collect", "--preset", "tiny", *args])
+
+
+def test_collect_tiny_to_lance_reports_and_reads_back(tmp_path):
+    out = tmp_path / "tiny.lance"
+    result = _collect("--out", str(out), "--episodes", "3", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["episodes"] == 3 and report["dataset_episodes"] == 3
+    assert report["format"] == "lance"
+    assert report["buffer_allocated_bytes"] > 0
+    assert report["buffer_cap_bytes"] == 5000 * (32 * 32 * 3 + 4 * 2 + 4 + 1 + 1 + 4 * 2 + 4 * 2)
+    assert report["memory"]["cuda"] == "no CUDA device"
+    reader = open_reader(out)
+    assert reader.num_steps == report["steps"]
+    episode = reader.read_episode(0)
+    assert episode["pixels"].dtype == np.uint8 and episode["pixels"].shape[1:] == (32, 32, 3)
+    assert np.isnan(episode["action"][-1]).all() and not np.isnan(episode["action"][:-1]).any()
+    assert episode["terminated"][-1] or episode["truncated"][-1]
+    assert not (episode["terminated"][:-1] | episode["truncated"][:-1]).any()
+    assert (tmp_path / "tiny.lance.config.json").is_file()
+
+
+def test_collect_appends_to_an_existing_dataset(tmp_path):
+    out = tmp_path / "a.lance"
+    assert _collect("--out", str(out), "--episodes", "2").exit_code == 0
+    assert _collect("--out", str(out), "--episodes", "2", "--seed", "1").exit_code == 0
+    assert open_reader(out).num_episodes == 4
+
+
+@pytest.mark.parametrize("suffix", ["h5", "frames"])
+def test_collect_exact_steps_in_other_formats(tmp_path, suffix):
+    fmt = {"h5": [], "frames": ["--format", "folder"]}[suffix]
+    out = tmp_path / f"d.{suffix}"
+    result = _collect("--out", str(out), "--steps", "57", *fmt, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["steps"] == 57
+    assert open_reader(out).num_steps == 57
+
+
+def test_buffer_cap_evicts_whole_episodes_while_collecting(tmp_path):
+    out = tmp_path / "e.lance"
+    result = _collect("--out", str(out), "--episodes", "6", "--max-steps", "90", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["evicted_episodes"] > 0
+    assert report["dataset_episodes"] == 6, "eviction never loses what is already on disk"
+
+
+def test_budget_refused_before_anything_is_written(tmp_path):
+    out = tmp_path / "big.lance"
+    start = time.perf_counter()
+    result = _collect("--out", str(out), "--resolution", "224", "--max-steps", "2000000")
+    assert result.exit_code == 2
+    assert "largest" in result.output and "GB" in result.output
+    assert time.perf_counter() - start < 30
+    assert not out.exists()
+
+
+def test_ctrl_c_keeps_finished_episodes(tmp_path):
+    out = tmp_path / "int.lance"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swmcli", "collect", "--preset", "tiny", "--episodes", "100000"]
+        + ["--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and not (out.exists() and _episodes(out) >= 2):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert _episodes(out) >= 2
+
+
+def _episodes(path) -> int:
+    try:
+        return open_reader(path).num_episodes
+    except Exception:
+        return 0
