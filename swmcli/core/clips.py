@@ -26,7 +26,7 @@ def clip_starts(episode_starts: np.ndarray, episode_lengths: np.ndarray, span: i
     ``span`` contributes none.
     """
     starts = np.asarray(episode_starts, dtype=np.int64)
-    counts = np.maximum(np.asarray(episode_lengths, dtype=np.int64) - span + 1, 0)
+    counts = clip_counts(episode_lengths, span)
     total = int(counts.sum())
     if total == 0:
         return np.empty(0, dtype=np.int64)
@@ -34,6 +34,26 @@ def clip_starts(episode_starts: np.ndarray, episode_lengths: np.ndarray, span: i
     first = np.repeat(np.cumsum(counts) - counts, counts)
     offsets = np.arange(total, dtype=np.int64) - first
     return np.repeat(starts, counts) + offsets
+
+
+def clip_counts(episode_lengths: np.ndarray, span: int) -> np.ndarray:
+    """Clips each episode holds: ``max(L - span + 1, 0)`` per episode (int64)."""
+    return np.maximum(np.asarray(episode_lengths, dtype=np.int64) - span + 1, 0)
+
+
+def locate_clips(
+    indices: np.ndarray, episode_starts: np.ndarray, clip_ends: np.ndarray
+) -> np.ndarray:
+    """Start row of each clip in ``indices``, numbered as :func:`clip_starts` numbers them.
+
+    ``clip_ends`` is ``np.cumsum(clip_counts(lengths, span))``. This finds a clip's episode by
+    binary search, so a sampler needs O(episodes) memory instead of one start per clip.
+    """
+    indices = np.asarray(indices, dtype=np.int64)
+    episode = np.searchsorted(clip_ends, indices, side="right")
+    # Clips before this episode; episode 0 has none (the -1 index is masked by the where).
+    before = np.where(episode > 0, clip_ends[episode - 1], 0)
+    return np.asarray(episode_starts, dtype=np.int64)[episode] + (indices - before)
 
 
 def observation_rows(starts: np.ndarray, history_len: int, frameskip: int) -> np.ndarray:
