@@ -170,10 +170,12 @@ def emit(result: CommandResult, memory, as_json: bool) -> None:
 
 def error(message: str, hint: str | None) -> None:
     """One line saying what went wrong and, below it, what to do (stderr)."""
+    from rich.markup import escape
+
     console = _stderr_console()
-    console.print(f"[bold red]error:[/bold red] {message}", highlight=False, markup=True)
+    console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     if hint:
-        console.print(f"[yellow]hint:[/yellow] {hint}", highlight=False)
+        console.print(f"[yellow]hint:[/yellow] {escape(hint)}", highlight=False, soft_wrap=True)
 
 
 def info(message: str) -> None:

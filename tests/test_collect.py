@@ -71,7 +71,7 @@ def test_budget_refused_before_anything_is_written(tmp_path):
     start = time.perf_counter()
     result = _collect("--out", str(out), "--resolution", "224", "--max-steps", "2000000")
     assert result.exit_code == 2
-    assert "largest" in result.output and "GB" in result.output
+    assert "at most" in result.output and "GB" in result.output
     assert time.perf_counter() - start < 30
     assert not out.exists()
 
