@@ -92,23 +92,25 @@ def _label(key: str) -> str:
 
 def _fields_table(result: CommandResult):
     from rich.table import Table as RichTable
+    from rich.text import Text
 
     table = RichTable(title=result.title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     for key, value in result.fields.items():
-        table.add_row(_label(key), _cell(key, value))
+        table.add_row(_label(key), Text(_cell(key, value)))
     return table
 
 
 def _rich_table(spec: Table):
     from rich.table import Table as RichTable
+    from rich.text import Text
 
     table = RichTable(title=spec.title, title_justify="left")
     for column in spec.columns:
         table.add_column(column)
     for row in spec.rows:
-        table.add_row(*(str(cell) for cell in row))
+        table.add_row(*(Text(str(cell)) for cell in row))
     return table
 
 
