@@ -309,6 +309,7 @@ def memprofile(
         "data.frameskip": frameskip,
         "collect.max_steps": max_steps,
         "train.bf16": bf16,
+        "eval.bf16": bf16,
         "memprofile.budget": budget,
         "memprofile.ram_budget": ram_budget,
     }

@@ -7,7 +7,7 @@ dataset in one atomic write, so a killed process keeps every episode that finish
 """
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -26,13 +26,28 @@ def _row(obs: Mapping[str, Any], action: np.ndarray, reward: float, term: bool, 
     return row
 
 
-def _as_action(action: Any, action_dim: int) -> np.ndarray:
-    return np.asarray(action, dtype=np.float32).reshape(action_dim)
-
-
-def _action_dim(env) -> int:
+def action_dim_of(env) -> int:
+    """Floats in one stored action (1 for a discrete action space)."""
     shape = env.action_space.shape
     return int(np.prod(shape)) if shape else 1
+
+
+def episode_rows(
+    env, policy, action_dim: int, seed: int | None = None, limit: int | None = None
+) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of one episode, from ``env.reset(seed=seed)`` to its last (NaN-action) row.
+
+    ``limit`` cuts the episode at that many rows; the cut row is marked truncated, so the episode
+    still ends cleanly on disk.
+    """
+    obs, _ = env.reset(seed=seed)
+    reward, term, trunc, length = 0.0, False, False, 0
+    while not (term or trunc or (limit is not None and length + 1 >= limit)):
+        raw = policy(obs)
+        yield _row(obs, np.asarray(raw, dtype=np.float32).reshape(action_dim), reward, term, trunc)
+        length += 1
+        obs, reward, term, trunc, _ = env.step(raw)
+    yield _row(obs, np.full(action_dim, np.nan, np.float32), reward, term, trunc or not term)
 
 
 def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
@@ -48,12 +63,10 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
             cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, seed=settings.seed
         )
         policy = make_policy(settings.policy, env, settings.seed)
-        action_dim = _action_dim(env)
-        obs, _ = env.reset(seed=settings.seed)
+        action_dim = action_dim_of(env)
         buffer = ReplayBuffer(settings.max_steps, seed=settings.seed)
         # The first row triggers the buffer's preflight and allocation, before anything is written.
-        first = _row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False)
-        buffer.add(first)
+        buffer.add(next(episode_rows(env, policy, action_dim, seed=settings.seed)))
         buffer.clear()
         metadata = {
             "env_id": cfg.env.id,
@@ -106,29 +119,21 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
 
 
 def _rollouts(env, policy, buffer, writer, settings, action_dim, advance) -> tuple[int, int]:
-    """Step the env until enough episodes (or steps) are saved; returns (episodes, steps) saved."""
-    nan_action = np.full(action_dim, np.nan, np.float32)
-    episodes = steps = length = 0
-    obs, _ = env.reset(seed=settings.seed)
-    reward, term, trunc = 0.0, False, False
+    """Roll out episodes until enough (or exactly ``settings.steps`` steps) are saved."""
+    episodes = steps = 0
+    seed = settings.seed
     while True:
-        cut = settings.steps is not None and steps + length + 1 >= settings.steps
-        if not (term or trunc or cut):
-            raw = policy(obs)
-            buffer.add(_row(obs, _as_action(raw, action_dim), reward, term, trunc))
-            length += 1
-            obs, reward, term, trunc, _ = env.step(raw)
+        limit = None if settings.steps is None else settings.steps - steps
+        for row in episode_rows(env, policy, action_dim, seed=seed, limit=limit):
+            buffer.add(row)
             if settings.steps is not None:
                 advance(1)
-            continue
-        # A cut by --steps marks the episode truncated: it still ends cleanly on disk.
-        buffer.add(_row(obs, nan_action, reward, term, trunc or not term))
+        seed = None  # later resets continue the env's seeded stream
         buffer.end_episode()
-        writer.write_episode(buffer.last_episode())
-        episodes, steps, length = episodes + 1, steps + length + 1, 0
-        advance(1, episodes=episodes, steps=steps)  # one episode, or its last step
+        episode = buffer.last_episode()
+        writer.write_episode(episode)
+        episodes, steps = episodes + 1, steps + len(episode["action"])
+        advance(0 if settings.steps else 1, episodes=episodes, steps=steps)
         done = steps >= settings.steps if settings.steps else episodes >= settings.episodes
         if done:
             return episodes, steps
-        obs, _ = env.reset()
-        reward, term, trunc = 0.0, False, False

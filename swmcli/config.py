@@ -87,6 +87,9 @@ class TrainConfig(Section):
     out: Path = Path("runs/tworoom")
     checkpoint_every: PositiveInt = 100
     log_every: PositiveInt = 10
+    cpu_threads: PositiveInt | None = Field(
+        None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
+    )
 
 
 class EvalConfig(Section):
@@ -103,6 +106,9 @@ class EvalConfig(Section):
     bf16: bool = False
     compile: bool = False
     seed: int = 1000
+    cpu_threads: PositiveInt | None = Field(
+        None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
+    )
 
 
 class MemprofileConfig(Section):
@@ -110,6 +116,9 @@ class MemprofileConfig(Section):
 
     budget: int | None = Field(None, description="GPU memory budget in bytes (accepts '24GiB')")
     ram_budget: int | None = Field(None, description="host RAM budget in bytes (accepts '64GB')")
+    sample_episodes: PositiveInt = Field(
+        4, description="episodes written in each format to estimate the on-disk size"
+    )
 
     @field_validator("budget", "ram_budget", mode="before")
     @classmethod

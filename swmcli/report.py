@@ -1,8 +1,8 @@
 """All of swm's terminal output: progress bars (stderr), result tables and the memory panel
 (stdout), one-line errors (stderr), and the same figures as one JSON object with ``--json``.
 
-Library entry points return a ``CommandResult``; the CLI renders it here. Keys ending in
-``_bytes`` are shown with units in tables and kept as plain integers in JSON.
+Library entry points return a ``CommandResult``; the CLI renders it here. Keys (and table columns)
+ending in ``_bytes`` are shown with units in tables and kept as plain integers in JSON.
 """
 
 import json
@@ -108,9 +108,10 @@ def _rich_table(spec: Table):
 
     table = RichTable(title=spec.title, title_justify="left")
     for column in spec.columns:
-        table.add_column(column)
+        table.add_column(_label(column))
     for row in spec.rows:
-        table.add_row(*(Text(str(cell)) for cell in row))
+        cells = zip(spec.columns, row, strict=True)
+        table.add_row(*(Text(_cell(column, cell)) for column, cell in cells))
     return table
 
 

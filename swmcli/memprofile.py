@@ -1,0 +1,641 @@
+"""`swm memprofile`: predict (any machine) and measure (CUDA) peak memory per memory technique.
+
+Prediction runs one training step (forward, backward, clip, AdamW step: twice, so optimizer
+state exists) and one eval step of the configured world model on fake tensors, and reports the
+peak of live tensor bytes by category (``swmcli.core.memory.trace_step_peak``). Each technique is
+one row: fp32 vs bf16 autocast, train vs eval with gradients vs gradient-free eval, frameskip and
+history length, batch size; torch.compile cannot be traced on fake CPU tensors and is measured on
+a GPU. On a GPU every row is also run for real after a warm-up step and its allocator peaks are
+printed next to the prediction. Always: the ReplayBuffer's host RAM for ``collect.max_steps``, the
+on-disk size of that many steps (scaled from a small real sample), and, with budgets, the largest
+batch size (GPU) and buffer cap (host RAM) that fit.
+"""
+
+import contextlib
+import gc
+import math
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from swmcli.config import SwmConfig
+from swmcli.core.memory import (
+    ALLOCATOR_OVERHEAD,
+    CATEGORIES,
+    CUDA_CONTEXT_BYTES,
+    CUDA_WORKSPACE_BYTES,
+    StepPeak,
+    cuda_allowance_bytes,
+)
+from swmcli.errors import SwmError, UsageError
+from swmcli.report import CommandResult, Table
+from swmcli.units import format_bytes, format_gb
+
+SNAPSHOT_ENTRIES = 100_000  # allocator events kept for --snapshot (a ring; oldest dropped)
+MAX_BUDGET_PREDICTIONS = 32  # the budget search's cap; near-linear memory needs 2 or 3
+LINE_GUESSES = 3  # then bisection
+CATEGORY_LABELS = {
+    "parameters": "params",
+    "buffers": "buffers",
+    "gradients": "grads",
+    "optimizer_state": "optimizer",
+    "inputs": "inputs",
+    "activations": "activations",
+    "temporaries": "temporaries",
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The settings of one technique row: what runs, in which precision, on what clips."""
+
+    kind: str  # "train" or "eval"
+    bf16: bool
+    batch_size: int
+    history_len: int
+    frameskip: int
+    grad_free: bool = False  # eval only: requires_grad_(False) + inference_mode
+    compile: bool = False
+
+    def describe(self) -> str:
+        """The settings in words, for the table."""
+        precision = "bf16" if self.bf16 else "fp32"
+        words = f"{precision} B={self.batch_size} H={self.history_len} F={self.frameskip}"
+        return words + " compiled" if self.compile else words
+
+
+@dataclass
+class Row:
+    """One technique: its settings, the prediction and (on a GPU) the measured peaks."""
+
+    technique: str
+    variant: Variant
+    predicted: StepPeak | None = None
+    measured_allocated_bytes: int | None = None
+    measured_reserved_bytes: int | None = None
+    out_of_memory: bool = False
+
+
+# --- the steps: the same code is traced on fake tensors and run on a GPU ------------------------
+
+
+def make_optimizer(model, train_cfg):
+    """AdamW as training runs it on CUDA (foreach: a few parameter-sized temporaries per step)."""
+    import torch
+
+    return torch.optim.AdamW(
+        model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, foreach=True
+    )
+
+
+def train_step(model, optimizer, batch, runner, grad_clip: float, micro_batches: int = 1) -> None:
+    """One optimizer step as ``swm train`` takes it, without reading the loss back (``.item()``
+    has no value on fake tensors): free the gradients, forward under autocast and backward for
+    each micro-batch (a later one runs with the gradients alive), clip, AdamW.
+    """
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    for _ in range(micro_batches):
+        with runner.autocast():
+            loss, _ = model.loss(batch)
+        (loss / micro_batches).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+
+
+def eval_step(model, batch, runner, grad_free: bool):
+    """One eval forward: encode the clip and predict next latents (kept alive until returned)."""
+    if grad_free:
+        with runner.inference(model):
+            latents = model.encode(batch["pixels"])
+            return model.predict(latents[:, :-1], batch["action"][:, :-1])
+    model.eval()
+    with runner.autocast():
+        latents = model.encode(batch["pixels"])
+        return model.predict(latents[:, :-1], batch["action"][:, :-1])
+
+
+def clip_batch(step: dict[str, np.ndarray], variant: Variant, device: str = "cpu") -> dict:
+    """The device batch ``swm train`` moves for ``variant``: its keys of ``step`` in clip layout.
+
+    ``pixels`` is uint8 ``(B, history_len, H, W, 3)``; ``action`` is ``(B, history_len,
+    frameskip * action_dim)``. Zeros: under a fake mode they cost nothing; on a GPU the pixels
+    are made random.
+    """
+    import torch
+
+    from swmcli.train import TRAIN_KEYS
+
+    batch = {}
+    leading = (variant.batch_size, variant.history_len)
+    for key in TRAIN_KEYS:
+        value = np.asarray(step[key])
+        if key == "action":
+            shape = (*leading, variant.frameskip * value.size)
+        else:
+            shape = (*leading, *value.shape)
+        dtype = torch.from_numpy(np.zeros(0, value.dtype)).dtype
+        batch[key] = torch.zeros(shape, dtype=dtype, device=device)
+    if device != "cpu":
+        batch["pixels"].random_(0, 256)
+    return batch
+
+
+def _cuda_runner(variant: Variant):
+    import torch
+
+    from swmcli.core.runner import Runner
+
+    dtype = torch.bfloat16 if variant.bf16 else torch.float32
+    return Runner(torch.device("cuda"), dtype, "memprofile", compile=variant.compile)
+
+
+@dataclass
+class TraceRunner:
+    """The Runner's autocast and inference contexts, for tracing a CUDA step on CPU tensors.
+
+    bf16 is CPU autocast plus the float32 casts CUDA autocast adds (``cuda_autocast_on_cpu``), so
+    the trace keeps the dtypes a GPU keeps; inference is the Runner's (eval mode,
+    ``requires_grad_(False)``, ``inference_mode``).
+    """
+
+    bf16: bool
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast as CUDA does it, or nothing in fp32."""
+        import torch
+
+        from swmcli.core.memory import cuda_autocast_on_cpu
+
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return cuda_autocast_on_cpu(torch.bfloat16)
+
+    @contextlib.contextmanager
+    def inference(self, model) -> Iterator[Any]:
+        """Gradient-free evaluation, as ``Runner.inference``."""
+        import torch
+
+        model.eval()
+        model.requires_grad_(False)
+        with torch.inference_mode(), self.autocast():
+            yield model
+
+
+# --- prediction ------------------------------------------------------------------------------
+
+
+class PeakPredictor:
+    """Predicts each variant's peak once (cached) from a fake-tensor trace of its step."""
+
+    def __init__(self, cfg: SwmConfig, step: dict[str, np.ndarray]):
+        self.cfg = cfg
+        self.step = step
+        self.action_dim = int(np.asarray(step["action"]).size)
+        self._models: dict[tuple[int, int], Any] = {}
+        self._peaks: dict[Variant, StepPeak] = {}
+        self.seconds = 0.0
+
+    def model(self, history_len: int, frameskip: int):
+        """The real (CPU) world model for these clip settings; traces use fake copies of it."""
+        key = (history_len, frameskip)
+        if key not in self._models:
+            from swmcli.models import build_world_model
+
+            self._models[key] = build_world_model(
+                self.cfg.model,
+                resolution=self.cfg.env.resolution,
+                action_dim=self.action_dim,
+                frameskip=frameskip,
+                history_len=history_len,
+            )
+        return self._models[key]
+
+    def predict(self, variant: Variant) -> StepPeak:
+        """The predicted peak of ``variant`` (eager; compile is not predictable here)."""
+        variant = replace(variant, compile=False)
+        if variant not in self._peaks:
+            from swmcli.core.memory import trace_step_peak
+
+            start = time.perf_counter()
+            model = self.model(variant.history_len, variant.frameskip)
+            self._peaks[variant] = trace_step_peak(model, self.step_maker(variant))
+            self.seconds += time.perf_counter() - start
+        return self._peaks[variant]
+
+    def step_maker(self, variant: Variant) -> Callable:
+        """``make(model) -> (inputs, run)`` for ``trace_step_peak``: the variant's step."""
+        return self._train_maker(variant) if variant.kind == "train" else self._eval_maker(variant)
+
+    def _train_maker(self, variant: Variant) -> Callable:
+        def make(model):
+            batch = clip_batch(self.step, variant)
+            optimizer = make_optimizer(model, self.cfg.train)
+            runner = TraceRunner(variant.bf16)
+            grad_clip = self.cfg.train.grad_clip
+            # Two micro-batches show all accumulation costs: the second runs with gradients alive.
+            micro_batches = min(self.cfg.train.grad_accum, 2)
+
+            def run() -> None:
+                for _ in range(2):  # the second step runs with optimizer state, as training does
+                    train_step(model, optimizer, batch, runner, grad_clip, micro_batches)
+
+            return batch, run
+
+        return make
+
+    def _eval_maker(self, variant: Variant) -> Callable:
+        def make(model):
+            batch = clip_batch(self.step, variant)
+            runner = TraceRunner(variant.bf16)
+            return batch, lambda: eval_step(model, batch, runner, variant.grad_free)
+
+        return make
+
+    def needed_bytes(self, variant: Variant) -> int:
+        """Predicted peak plus the CUDA allowance: what a GPU must have free for ``variant``."""
+        peak = self.predict(variant).peak_bytes
+        return peak + cuda_allowance_bytes(peak)
+
+
+def largest_fitting(need: Callable[[int], int], budget: int, known: dict[int, int]) -> int:
+    """The largest ``n >= 1`` with ``need(n) <= budget`` (0 if none), for ``need`` increasing.
+
+    ``known`` holds values of ``need`` already computed (at least two). Memory is close to
+    linear in batch size, so a line through known points lands on or next to the answer, and one
+    or two more evaluations (``need(n)``, ``need(n + 1)``) confirm it; should the line miss
+    (a step in ``need``), bisection of the bracket finishes the search.
+    """
+    low, high = 0, None
+    for attempt in range(MAX_BUDGET_PREDICTIONS):
+        low = max((n for n, used in known.items() if used <= budget), default=0)
+        high = min((n for n, used in known.items() if used > budget), default=None)
+        if high == low + 1:
+            return low
+        if attempt < LINE_GUESSES:
+            candidate = _line_guess(known, budget, low, high)
+        else:
+            candidate = 2 * low if high is None else (low + high) // 2
+        upper = high - 1 if high is not None else math.inf
+        candidate = int(min(max(candidate, low + 1), upper))
+        known[candidate] = need(candidate)
+    return low
+
+
+def _line_guess(known: dict[int, int], budget: int, low: int, high: int | None) -> float:
+    """Where the line through the bracket's ends (or the two nearest points) meets the budget."""
+    if low and high is not None:
+        (n1, b1), (n2, b2) = (low, known[low]), (high, known[high])
+    else:
+        (n1, b1), (n2, b2) = sorted(known.items(), key=lambda item: abs(item[1] - budget))[:2]
+    slope = (b2 - b1) / (n2 - n1)
+    if slope <= 0:
+        return max(n1, n2) + 1
+    return math.floor(n1 + (budget - b1) / slope)
+
+
+# --- host RAM and disk -----------------------------------------------------------------------
+
+
+def sample_episodes(cfg: SwmConfig, episodes: int) -> tuple[list[dict[str, np.ndarray]], int]:
+    """A few real episodes of ``cfg.env`` with ``cfg.collect.policy``, laid out as collect does.
+
+    Row ``t`` holds observation ``t``, the reward and flags of arriving there and the action taken
+    from it (NaN on the last row). Returns the episodes and the env's action dimension.
+    """
+    from swmcli.collect import action_dim_of, episode_rows
+    from swmcli.envs import make_env
+    from swmcli.envs.policies import make_policy
+
+    seed = cfg.collect.seed
+    env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, seed=seed)
+    policy = make_policy(cfg.collect.policy, env, seed)
+    action_dim = action_dim_of(env)
+    result = []
+    try:
+        for index in range(episodes):
+            rows = list(episode_rows(env, policy, action_dim, seed=seed + index))
+            result.append({key: np.stack([row[key] for row in rows]) for key in rows[0]})
+    finally:
+        env.close()
+    return result, action_dim
+
+
+def disk_bytes_per_step(
+    episodes: list[dict[str, np.ndarray]], metadata: dict[str, Any], formats=("lance", "hdf5")
+) -> dict[str, float | str]:
+    """Bytes on disk per step in each format, from writing ``episodes`` to a temporary dir.
+
+    A format that cannot be written here (its package missing) gives the reason instead.
+    """
+    steps = sum(len(episode["pixels"]) for episode in episodes)
+    per_step: dict[str, float | str] = {}
+    with tempfile.TemporaryDirectory(prefix="swm-memprofile-") as tmp:
+        for fmt in formats:
+            path = Path(tmp) / ("sample.h5" if fmt == "hdf5" else f"sample.{fmt}")
+            try:
+                per_step[fmt] = _written_bytes(path, fmt, episodes, metadata) / steps
+            except (ImportError, SwmError) as err:
+                per_step[fmt] = f"{type(err).__name__}: {err}"
+    return per_step
+
+
+def _written_bytes(path: Path, fmt: str, episodes, metadata: dict[str, Any]) -> int:
+    from swmcli.core.storage import open_reader, open_writer
+
+    writer = open_writer(path, fmt, mode="overwrite", metadata=metadata)
+    try:
+        for episode in episodes:
+            writer.write_episode(episode)
+    finally:
+        writer.close()
+    reader = open_reader(path)
+    try:
+        return reader.nbytes_on_disk
+    finally:
+        reader.close()
+
+
+# --- measurement on a GPU --------------------------------------------------------------------
+
+
+def measure_rows(rows: list[Row], predictor: PeakPredictor, monitor, snapshot: Path | None):
+    """Run each row for real on CUDA: one warm-up step, then one measured step per phase.
+
+    The measured step is a phase of ``monitor`` (allocator peaks reset at its start), named after
+    the row. With ``snapshot``, allocator history (Python stacks, at most SNAPSHOT_ENTRIES events)
+    is recorded from the first measured step and dumped for PyTorch's memory_viz.
+    """
+    import torch
+
+    recording = False
+    for row in rows:
+        step = None
+        try:
+            step = _real_step(row.variant, predictor)
+            step()  # warm-up: compiles, creates optimizer state, picks cuDNN algorithms
+            torch.cuda.synchronize()
+            if snapshot is not None and not recording:
+                torch.cuda.memory._record_memory_history(
+                    max_entries=SNAPSHOT_ENTRIES, stacks="python"
+                )
+                recording = True
+            with monitor.phase(f"measure: {row.technique}"):
+                step()
+            phase = monitor.report.phases[-1]
+            row.measured_allocated_bytes = phase.cuda_allocated_bytes
+            row.measured_reserved_bytes = phase.cuda_reserved_bytes
+        except torch.cuda.OutOfMemoryError:
+            row.out_of_memory = True  # a row past the device (a budget above it): say so, go on
+        finally:
+            del step
+            gc.collect()
+            torch.cuda.empty_cache()
+    if recording:
+        snapshot.parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(snapshot))
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
+    """A fresh CUDA model, batch and (for training) optimizer, bound into one step callable."""
+    import copy
+
+    runner = _cuda_runner(variant)
+    model = runner.prepare(copy.deepcopy(predictor.model(variant.history_len, variant.frameskip)))
+    batch = clip_batch(predictor.step, variant, device="cuda")
+    if variant.kind == "train":
+        model.train()
+        optimizer = make_optimizer(model, predictor.cfg.train)
+        grad_clip = predictor.cfg.train.grad_clip
+        micro_batches = min(predictor.cfg.train.grad_accum, 2)
+        return lambda: train_step(model, optimizer, batch, runner, grad_clip, micro_batches)
+    return lambda: eval_step(model, batch, runner, variant.grad_free)
+
+
+# --- the rows and the result -----------------------------------------------------------------
+
+
+def technique_rows(cfg: SwmConfig) -> list[Row]:
+    """One row per technique, each against the fp32 eager training baseline (the first row)."""
+    configured = _configured(cfg)
+    base = replace(configured, bf16=False)
+    history, frameskip = base.history_len, base.frameskip
+    rows = [
+        Row("fp32 train (baseline)", base),
+        Row("bf16 autocast train", replace(base, bf16=True)),
+        Row("torch.compile train", replace(configured, compile=True)),
+        Row("eval with gradients", replace(base, kind="eval")),
+        Row("gradient-free eval", replace(base, kind="eval", grad_free=True)),
+        Row("gradient-free eval + bf16", replace(base, kind="eval", grad_free=True, bf16=True)),
+    ]
+    if frameskip > 1:
+        same_span = replace(configured, history_len=history * frameskip, frameskip=1)
+        rows.append(Row(f"frameskip 1, same span ({history * frameskip} frames)", same_span))
+    # Half the history when that still leaves a target to predict, else double it.
+    other_history = history // 2 if history >= 4 else 2 * history
+    rows.append(Row(f"history {other_history}", replace(configured, history_len=other_history)))
+    if base.batch_size > 1:
+        half = replace(configured, batch_size=base.batch_size // 2)
+        rows.append(Row(f"batch {half.batch_size}", half))
+    return rows
+
+
+def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> CommandResult:
+    """Predict (and on CUDA measure) peak memory per technique; buffer RAM, disk and budgets."""
+    import torch
+
+    on_cuda = torch.cuda.is_available()
+    if snapshot is not None and not on_cuda:
+        raise UsageError(
+            "--snapshot records CUDA allocator history and this machine has no CUDA device",
+            hint="run it on a GPU machine, or drop --snapshot",
+        )
+    with monitor.phase("sample"):
+        episodes, action_dim = sample_episodes(cfg, cfg.memprofile.sample_episodes)
+        step = {key: value[0] for key, value in episodes[0].items()}
+        metadata = {
+            "env_id": cfg.env.id,
+            "resolution": cfg.env.resolution,
+            "action_dim": action_dim,
+        }
+        disk = disk_bytes_per_step(episodes, metadata)
+    sample_steps = sum(len(episode["pixels"]) for episode in episodes)
+    del episodes
+
+    predictor = PeakPredictor(cfg, step)
+    rows = technique_rows(cfg)
+    with monitor.phase("predict"):
+        for row in rows:
+            if not row.variant.compile:
+                row.predicted = predictor.predict(row.variant)
+        budget_fit = _fit_budget(cfg, predictor, rows)
+    if on_cuda:
+        measure_rows(rows, predictor, monitor, snapshot)
+
+    fields = _fields(cfg, predictor, step, disk, sample_steps, budget_fit)
+    return CommandResult(
+        title="memprofile",
+        fields=fields,
+        tables=[_technique_table(rows, on_cuda), _category_table(rows)],
+        notes=_notes(on_cuda, fields, snapshot),
+    )
+
+
+def _configured(cfg: SwmConfig, kind: str = "train") -> Variant:
+    """The variant the config runs: training, or gradient-free eval, at its precision."""
+    bf16 = cfg.train.bf16 if kind == "train" else cfg.eval.bf16
+    return Variant(
+        kind,
+        bf16=bf16,
+        batch_size=cfg.train.batch_size,
+        history_len=cfg.data.history_len,
+        frameskip=cfg.data.frameskip,
+        grad_free=kind == "eval",
+    )
+
+
+def _fit_budget(cfg: SwmConfig, predictor: PeakPredictor, rows: list[Row]):
+    """(batch, needed bytes) of the largest configured training batch within the budget.
+
+    Adds a row for that batch, so it is measured too on a GPU.
+    """
+    budget = cfg.memprofile.budget
+    if budget is None:
+        return None
+    configured = _configured(cfg)
+
+    def need(batch_size: int) -> int:
+        return predictor.needed_bytes(replace(configured, batch_size=batch_size))
+
+    batch = configured.batch_size
+    known = {batch: need(batch), 2 * batch: need(2 * batch)}
+    best = largest_fitting(need, budget, known)
+    if not best:
+        return 0, None
+    variant = replace(configured, batch_size=best)
+    rows.append(Row(f"batch {best}: largest in budget", variant, predictor.predict(variant)))
+    return best, need(best)
+
+
+def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, Any]:
+    from swmcli.core.buffer import ReplayBuffer, step_bytes
+    from swmcli.core.memory import available_host_bytes
+
+    peak = predictor.predict(_configured(cfg)).peak_bytes
+    model = predictor.model(cfg.data.history_len, cfg.data.frameskip)
+    max_steps = cfg.collect.max_steps
+    bytes_per_step = step_bytes(step)
+    fields: dict[str, Any] = {
+        "env": cfg.env.id,
+        "resolution": cfg.env.resolution,
+        "model": f"{cfg.model.encoder} encoder + predictor",
+        "model_parameters": sum(p.numel() for p in model.parameters()),
+        "batch_size": cfg.train.batch_size,
+        "history_len": cfg.data.history_len,
+        "frameskip": cfg.data.frameskip,
+        "precision": "bf16 autocast" if cfg.train.bf16 else "fp32",
+        "predicted_train_peak_bytes": peak,
+        "predicted_eval_peak_bytes": predictor.predict(_configured(cfg, "eval")).peak_bytes,
+        "cuda_allowance_bytes": cuda_allowance_bytes(peak),
+        "predicted_train_needs_bytes": peak + cuda_allowance_bytes(peak),
+        "predict_seconds": round(predictor.seconds, 2),
+        "buffer_max_steps": max_steps,
+        "buffer_bytes_per_step": bytes_per_step,
+        "buffer_ram_bytes": ReplayBuffer.nbytes_for(max_steps, step),
+        "host_available_bytes": available_host_bytes(),
+        "disk_sample_steps": sample_steps,
+    }
+    for fmt, per_step in disk.items():
+        known = isinstance(per_step, float)
+        fields[f"disk_{fmt}_bytes"] = round(per_step * max_steps) if known else per_step
+    if budget_fit is not None:
+        best, needed = budget_fit
+        fields["budget_bytes"] = cfg.memprofile.budget
+        fields["budget_batch_size"] = best
+        fields["budget_batch_needs_bytes"] = needed
+    if cfg.memprofile.ram_budget is not None:
+        fields["ram_budget_bytes"] = cfg.memprofile.ram_budget
+        fields["ram_budget_max_steps"] = cfg.memprofile.ram_budget // bytes_per_step
+    return fields
+
+
+def _technique_table(rows: list[Row], on_cuda: bool) -> Table:
+    columns = ["technique", "settings", "predicted peak", "vs fp32 train"]
+    if on_cuda:
+        columns += ["measured allocated", "measured reserved", "measured / predicted"]
+    cells = [
+        [row.technique, row.variant.describe(), *_row_cells(row, rows[0], on_cuda)] for row in rows
+    ]
+    return Table(
+        "peak memory per technique (one step; B batch, H history, F frameskip)", columns, cells
+    )
+
+
+def _row_cells(row: Row, baseline: Row, on_cuda: bool) -> list[str]:
+    """Predicted peak and saving; on CUDA the measured peaks and their ratio to the prediction.
+
+    A row that cannot be predicted (compile) shows its measured saving against the measured
+    baseline instead.
+    """
+    predicted = row.predicted.peak_bytes if row.predicted else None
+    base = baseline.predicted.peak_bytes
+    saving = f"{100 * (predicted - base) / base:+.0f}%" if predicted else "-"
+    allocated, base_allocated = row.measured_allocated_bytes, baseline.measured_allocated_bytes
+    if predicted is None and allocated and base_allocated:
+        saving = f"{100 * (allocated - base_allocated) / base_allocated:+.0f}% measured"
+    cells = [format_bytes(predicted) if predicted else "measured on GPU", saving]
+    if not on_cuda:
+        return cells
+    if row.out_of_memory:
+        return [*cells, "out of memory", "-", "-"]
+    ratio = f"{allocated / predicted:.3f}" if predicted else "-"
+    return [*cells, format_bytes(allocated), format_bytes(row.measured_reserved_bytes), ratio]
+
+
+def _category_table(rows: list[Row]) -> Table:
+    columns = ["technique", *(CATEGORY_LABELS[c] for c in CATEGORIES)]
+    cells = [
+        [row.technique, *(f"{row.predicted.by_category[c] / 2**20:.1f}" for c in CATEGORIES)]
+        for row in rows
+        if row.predicted
+    ]
+    return Table("predicted MiB alive at the peak, by category", columns, cells)
+
+
+def _notes(on_cuda: bool, fields: dict[str, Any], snapshot: Path | None) -> list[str]:
+    sample_steps, max_steps = fields["disk_sample_steps"], fields["buffer_max_steps"]
+    buffer_bytes = fields["buffer_ram_bytes"]
+    notes = [
+        "Predicted on fake CPU tensors (FakeTensorMode; bf16 rows: CPU autocast plus the float32 "
+        "casts CUDA autocast makes), sizes rounded to the CUDA allocator's 512-byte blocks. "
+        "Not included: the CUDA context, cuBLAS/cuDNN workspaces and allocator fragmentation; "
+        "budgets add an allowance for them of "
+        f"{format_bytes(CUDA_CONTEXT_BYTES + CUDA_WORKSPACE_BYTES)} + "
+        f"{ALLOCATOR_OVERHEAD:.0%} of the peak.",
+        "Training rows: two AdamW steps (the second with optimizer state); eval rows: one "
+        "forward of encode + predict on the same batch.",
+        f"On-disk sizes scale a real sample of {sample_steps} steps written in each format.",
+        f"ReplayBuffer RAM: {format_gb(buffer_bytes)} for --max-steps {max_steps} (GB = 10^9 B).",
+    ]
+    if buffer_bytes > fields["host_available_bytes"]:
+        fitting = fields["host_available_bytes"] // fields["buffer_bytes_per_step"]
+        notes.append(
+            f"This host cannot hold that buffer ({format_gb(fields['host_available_bytes'])} "
+            f"available): `swm collect` would refuse it; --max-steps {fitting} fits."
+        )
+    if fields.get("budget_batch_size") == 0:
+        notes.append("No batch size fits the budget: even batch 1 needs more (see the allowance).")
+    if on_cuda:
+        notes.append("Measured: one step after a warm-up step, allocator peaks reset per row.")
+    else:
+        notes.append("torch.compile cannot be traced on fake CPU tensors: run on a GPU to measure.")
+    if snapshot is not None:
+        notes.append(f"CUDA memory snapshot written to {snapshot} (open in pytorch.org/memory_viz)")
+    return notes

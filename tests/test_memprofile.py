@@ -1,0 +1,296 @@
+"""memprofile: fake-tensor predictions agree with real tensors; techniques, buffer and budgets.
+
+CPU tests use the tiny preset's world model (a trace takes about a second); the `gpu` tests
+measure on CUDA and are skipped (and deselected by default) without it.
+"""
+
+import copy
+import json
+import pickle
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from typer.testing import CliRunner
+
+from swmcli.cli import app
+from swmcli.config import resolve_config
+from swmcli.core.buffer import step_bytes
+from swmcli.core.memory import (
+    CategorisedLiveBytes,
+    LiveTensorBytes,
+    MemoryMonitor,
+    cuda_allowance_bytes,
+    cuda_autocast_on_cpu,
+    trace_step_peak,
+)
+from swmcli.memprofile import (
+    PeakPredictor,
+    Variant,
+    largest_fitting,
+    measure_rows,
+    run_memprofile,
+    sample_episodes,
+    technique_rows,
+)
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def tworoom_step(resolution: int) -> dict[str, np.ndarray]:
+    """One row of TwoRoom experience, laid out as the buffer stores it."""
+    return {
+        "pixels": np.zeros((resolution, resolution, 3), np.uint8),
+        "state": np.zeros(2, np.float32),
+        "goal": np.zeros(2, np.float32),
+        "action": np.zeros(2, np.float32),
+        "reward": np.float32(0),
+        "terminated": np.bool_(False),
+        "truncated": np.bool_(False),
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny preset's config and a predictor for it (traces are cached across tests)."""
+    cfg = resolve_config("tiny")
+    return cfg, PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
+
+
+def tiny_variant(cfg, **changes) -> Variant:
+    base = Variant(
+        "train",
+        bf16=False,
+        batch_size=4,
+        history_len=cfg.data.history_len,
+        frameskip=cfg.data.frameskip,
+    )
+    return replace(base, **changes)
+
+
+def real_live_peak(model, make) -> int:
+    """The step's peak of live tensor bytes on real CPU tensors, by the dispatch-mode counter."""
+    inputs, run = make(model)
+    live = LiveTensorBytes()
+    for tensor in [*model.parameters(), *model.buffers(), *inputs.values()]:
+        live.track_tensor(tensor)
+    with live:
+        run()
+    return live.peak
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"bf16": True}, {"kind": "eval"}, {"kind": "eval", "grad_free": True}],
+    ids=["train-fp32", "train-bf16", "eval-grad", "eval-grad-free"],
+)
+def test_prediction_equals_real_cpu_live_peak(tiny, changes):
+    cfg, predictor = tiny
+    variant = tiny_variant(cfg, **changes)
+    model = predictor.model(variant.history_len, variant.frameskip)
+    make = predictor.step_maker(variant)
+
+    predicted = trace_step_peak(model, make, fake=True, round_bytes=1)
+    measured = real_live_peak(copy.deepcopy(model), make)
+
+    assert predicted.peak_bytes == pytest.approx(measured, rel=0.01)
+    assert sum(predicted.by_category.values()) == predicted.peak_bytes
+
+
+def test_fake_and_real_traces_agree_by_category(tiny):
+    cfg, predictor = tiny
+    variant = tiny_variant(cfg)
+    model = predictor.model(variant.history_len, variant.frameskip)
+    make = predictor.step_maker(variant)
+
+    fake = trace_step_peak(model, make, fake=True)
+    real = trace_step_peak(copy.deepcopy(model), make, fake=False)
+
+    # Equal up to CPU kernel details: real CPU mse_loss keeps a 1 KiB scratch storage, fake 4 B.
+    for category, real_bytes in real.by_category.items():
+        assert fake.by_category[category] == pytest.approx(real_bytes, rel=0.01, abs=4096)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert fake.by_category["parameters"] >= params  # rounded up to 512-byte blocks
+
+
+def test_tracer_names_gradients_and_optimizer_state():
+    model = nn.Linear(256, 256)  # 256 KiB of weight: every category is far above rounding
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    batch = torch.randn(64, 256)
+    tracker = CategorisedLiveBytes()
+    tracker.track_module(model)
+    tracker.track(batch, "inputs")
+    with tracker:
+        model(batch).square().mean().backward()
+        optimizer.step()
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert tracker.live["parameters"] == params
+    assert tracker.live["gradients"] == params
+    assert tracker.live["optimizer_state"] >= 2 * params  # exp_avg and exp_avg_sq (+ steps)
+    assert tracker.live["inputs"] == batch.nbytes
+
+
+def test_cpu_trace_casts_to_float32_where_cuda_autocast_does():
+    frames = torch.randn(2, 8, 4, 4)
+    conv, norm = nn.Conv2d(8, 8, 1), nn.GroupNorm(2, 8)
+    with cuda_autocast_on_cpu(torch.bfloat16):
+        lowered = conv(frames)
+        normalized = norm(lowered)
+        summed = lowered.sum()
+    assert lowered.dtype == torch.bfloat16  # CPU autocast lowers convolutions, as CUDA does
+    assert normalized.dtype == torch.float32  # CUDA runs group_norm in float32; CPU would not
+    assert summed.dtype == torch.float32
+
+
+def test_bf16_predicts_less_activation_memory(tiny):
+    cfg, predictor = tiny
+    fp32 = predictor.predict(tiny_variant(cfg))
+    bf16 = predictor.predict(tiny_variant(cfg, bf16=True))
+    assert bf16.by_category["activations"] < fp32.by_category["activations"]
+    assert bf16.peak_bytes < fp32.peak_bytes
+
+
+def test_gradient_free_eval_predicts_less_than_eval_with_gradients(tiny):
+    cfg, predictor = tiny
+    with_grad = predictor.predict(tiny_variant(cfg, kind="eval"))
+    grad_free = predictor.predict(tiny_variant(cfg, kind="eval", grad_free=True))
+    assert grad_free.peak_bytes < with_grad.peak_bytes
+    assert grad_free.by_category["gradients"] == grad_free.by_category["optimizer_state"] == 0
+
+
+def test_budget_search_returns_largest_batch_that_fits(tiny):
+    cfg, predictor = tiny
+    variant = tiny_variant(cfg)
+
+    def need(batch: int) -> int:
+        return predictor.needed_bytes(replace(variant, batch_size=batch))
+
+    budget = need(10) + (need(11) - need(10)) // 2  # between batch 10 and 11
+    calls = []
+    best = largest_fitting(lambda n: calls.append(n) or need(n), budget, {4: need(4), 8: need(8)})
+
+    assert need(best) <= budget < need(best + 1)
+    assert best == 10
+    assert len(calls) <= 3, calls  # memory is near linear in batch: a few predictions suffice
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fixed=st.integers(0, 10**6),
+    per_item=st.integers(1, 10**4),
+    wobble=st.integers(0, 50),
+    budget=st.integers(1, 10**8),
+    first=st.integers(1, 500),
+)
+def test_budget_search_matches_brute_force(fixed, per_item, wobble, budget, first):
+    def need(n: int) -> int:  # increasing, close to linear, with a step every 7 items
+        return fixed + per_item * n + wobble * (n // 7)
+
+    found = largest_fitting(need, budget, {first: need(first), 2 * first: need(2 * first)})
+    if found == 0:
+        assert need(1) > budget
+    else:
+        assert need(found) <= budget < need(found + 1)
+
+
+def test_allowance_covers_context_and_overhead():
+    assert cuda_allowance_bytes(0) >= 512 * 2**20
+    assert cuda_allowance_bytes(10 * 2**30) > cuda_allowance_bytes(0) + 2**30 - 1
+
+
+@pytest.fixture(scope="module")
+def tiny_result():
+    cfg = resolve_config(
+        "tiny", flags={"memprofile.budget": "1GiB", "memprofile.ram_budget": "1GB"}
+    )
+    monitor = MemoryMonitor()
+    return cfg, run_memprofile(cfg, monitor), monitor
+
+
+def test_run_memprofile_reports_every_technique_and_buffer(tiny_result):
+    cfg, result, monitor = tiny_result
+    fields = result.fields
+    step = tworoom_step(cfg.env.resolution)
+    assert fields["buffer_ram_bytes"] == cfg.collect.max_steps * step_bytes(step)
+    assert fields["ram_budget_max_steps"] == 10**9 // step_bytes(step)
+    assert fields["disk_lance_bytes"] > 0 and fields["disk_hdf5_bytes"] > 0
+    assert fields["budget_batch_size"] > cfg.train.batch_size
+    assert fields["budget_batch_needs_bytes"] <= 2**30
+    techniques = [row[0] for row in result.tables[0].rows]
+    for name in ("fp32 train", "bf16 autocast", "torch.compile", "gradient-free eval"):
+        assert any(t.startswith(name) for t in techniques), name
+    compile_row = next(row for row in result.tables[0].rows if row[0].startswith("torch.compile"))
+    assert compile_row[2] == "measured on GPU"
+    assert [phase.name for phase in monitor.report.phases] == ["sample", "predict"]
+
+
+def test_buffer_ram_at_224_is_30_gb():
+    # 200,000 steps of 224x224x3 uint8 pixels plus the small keys: about 30.1 GB.
+    step = tworoom_step(224)
+    episodes, _ = sample_episodes(resolve_config("tiny", flags={"env.resolution": 224}), 1)
+    real_step = {key: value[0] for key, value in episodes[0].items()}
+    assert step_bytes(real_step) == step_bytes(step)
+    assert round(200_000 * step_bytes(real_step) / 1e9, 1) == 30.1
+
+
+def test_cli_json_and_bad_values():
+    runner = CliRunner()
+    result = runner.invoke(app, ["memprofile", "--preset", "tiny", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["predicted_train_peak_bytes"] > 0
+    assert payload["tables"][0]["rows"][0][0].startswith("fp32 train")
+
+    for flags in (["--resolution", "-1"], ["--budget", "lots"], ["--ram-budget", "0GB"]):
+        bad = runner.invoke(app, ["memprofile", "--preset", "tiny", *flags])
+        assert bad.exit_code == 2, (flags, bad.output)
+
+
+def test_snapshot_without_cuda_is_a_usage_error(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    bad = CliRunner().invoke(
+        app, ["memprofile", "--preset", "tiny", "--snapshot", str(tmp_path / "s.pickle")]
+    )
+    assert bad.exit_code == 2
+    assert "CUDA" in bad.output
+
+
+# --- GPU -------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_measured_peaks_within_10_percent_of_prediction(tmp_path):
+    cfg = resolve_config("tworoom-224")
+    predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
+    rows = [row for row in technique_rows(cfg) if not row.variant.compile]
+    for row in rows:
+        row.predicted = predictor.predict(row.variant)
+    snapshot = tmp_path / "memory.pickle"
+
+    measure_rows(rows, predictor, MemoryMonitor(), snapshot)
+
+    ratios = {
+        row.technique: row.measured_allocated_bytes / row.predicted.peak_bytes for row in rows
+    }
+    print(ratios)
+    assert all(0.9 <= ratio <= 1.1 for ratio in ratios.values()), ratios
+    with snapshot.open("rb") as handle:
+        assert "segments" in pickle.load(handle)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gpu_run_measures_every_row_including_compile():
+    cfg = resolve_config("tiny", flags={"train.compile": True})
+    monitor = MemoryMonitor()
+    result = run_memprofile(cfg, monitor)
+    table = result.tables[0]
+    allocated = table.columns.index("measured allocated")
+    assert all(row[allocated] not in ("-", "out of memory") for row in table.rows), table.rows
+    assert any(phase.name.startswith("measure: torch.compile") for phase in monitor.report.phases)
