@@ -1,0 +1,358 @@
+"""Streaming clips from a dataset on disk: ``load_dataset``, the DataLoader factory, transfers.
+
+A ``ClipDataset`` is a map-style torch Dataset whose item ``i`` is clip ``i`` in exactly the
+ReplayBuffer's layout: every key but ``action`` is an observation read at the strided rows
+(``(history_len, ...)``), and ``action`` is dense, folded to ``(history_len, frameskip * A)``.
+It holds one int64 start row per clip (no per-clip Python objects) and reads only the rows a batch
+needs, a whole batch per read (``__getitems__``).
+
+Lance is not fork-safe: a process forked after its parent opened a Lance dataset crashes. So the
+parent builds the episode index in a short-lived forked child, never opening Lance itself, and the
+workers (forked, fast to start) each open the dataset lazily. If this process has opened a Lance
+dataset anyway, ``make_loader`` switches to a forkserver context; the user never has to choose.
+"""
+
+import hashlib
+import multiprocessing
+import os
+import warnings
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
+
+from swmcli.core.clips import (
+    ACTION,
+    action_rows,
+    clip_span,
+    clip_starts,
+    fold_actions,
+    observation_rows,
+)
+from swmcli.core.storage import check_keys, detect, offsets_from_lengths, open_reader
+from swmcli.errors import DatasetError, SwmError, UsageError
+
+
+class ClipDataset(Dataset):
+    """Clips of ``history_len`` observations ``frameskip`` apart, read from disk on demand."""
+
+    def __init__(
+        self,
+        path: Path,
+        description: dict,
+        keys: list[str],
+        history_len: int,
+        frameskip: int,
+        episodes: Sequence[int] | None,
+    ):
+        self.path = Path(path)
+        self.format = description["format"]
+        self.metadata = description["metadata"]
+        self.keys = {k: description["keys"][k] for k in keys}
+        self.history_len, self.frameskip = history_len, frameskip
+        self.episode_lengths = description["lengths"]
+        self.episode_offsets = offsets_from_lengths(self.episode_lengths)
+        self.episodes = _episode_selection(episodes, len(self.episode_lengths), self.path)
+        span = clip_span(history_len, frameskip)
+        self._starts = clip_starts(
+            self.episode_offsets[self.episodes], self.episode_lengths[self.episodes], span
+        )
+        if len(self._starts) == 0:
+            longest = int(self.episode_lengths[self.episodes].max(initial=0))
+            raise DatasetError(
+                f"no clip fits: a clip spans {span} rows (history_len {history_len} x frameskip "
+                f"{frameskip}) but the longest episode of {self.path} has {longest}",
+                hint="lower --history-len or --frameskip, or collect longer episodes",
+                exit_code=2,
+            )
+        self._reader = None
+        self._reader_pid = None
+
+    @property
+    def num_clips(self) -> int:
+        """Clips in the dataset (``len(dataset)``)."""
+        return len(self._starts)
+
+    def __len__(self) -> int:
+        return self.num_clips
+
+    def __getstate__(self) -> dict:
+        # Workers get the index, never an open file: each opens its own after the fork/spawn.
+        return {**self.__dict__, "_reader": None, "_reader_pid": None}
+
+    def _open(self):
+        if self._reader is None or self._reader_pid != os.getpid():
+            reader = open_reader(self.path)
+            if self.format == "folder":  # it maps rows to files through the index: no rescan
+                reader.set_episode_lengths(self.episode_lengths)
+            self._reader, self._reader_pid = reader, os.getpid()
+        return self._reader
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        """A whole batch of clips, one read per key: ``{key: (len(indices), history_len, ...)}``."""
+        reader = self._open()
+        starts = self._starts[np.asarray(indices, dtype=np.int64)]
+        observed = observation_rows(starts, self.history_len, self.frameskip).reshape(-1)
+        clips = {}
+        for key, (dtype, shape) in self.keys.items():
+            if key == ACTION:
+                rows = action_rows(starts, self.history_len, self.frameskip).reshape(-1)
+                dense = reader.read_rows(key, rows, out=_batch_array((len(rows), *shape), dtype))
+                clips[key] = fold_actions(
+                    dense.reshape(len(starts), -1, int(np.prod(shape))), self.history_len
+                )
+            else:
+                values = reader.read_rows(
+                    key, observed, out=_batch_array((len(observed), *shape), dtype)
+                )
+                clips[key] = values.reshape(len(starts), self.history_len, *shape)
+        return clips
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        if not -self.num_clips <= index < self.num_clips:
+            raise IndexError(f"clip {index} out of range: the dataset holds {self.num_clips}")
+        return {k: v[0] for k, v in self.__getitems__([index % self.num_clips]).items()}
+
+    def close(self) -> None:
+        """Close this process's file handle (reopened on the next read)."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+
+def _batch_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Where a batch is read into: in a DataLoader worker, shared memory.
+
+    A worker's batch reaches the main process through shared memory; torch would copy a private
+    array there. Reading straight into it saves that copy (``collate_clips`` finds the tensor).
+    """
+    if torch.utils.data.get_worker_info() is None:
+        return np.empty(shape, dtype)
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    element = torch.from_numpy(np.empty(0, dtype)).dtype
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=element).set_(storage).view(shape).numpy()
+
+
+def _tensor_of(array: np.ndarray) -> torch.Tensor:
+    """The tensor ``array`` views when it came from ``_batch_array`` in a worker, else a wrapper."""
+    owner = array
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    if (
+        isinstance(owner, torch.Tensor)
+        and owner.data_ptr() == array.ctypes.data
+        and owner.numel() * owner.element_size() == array.nbytes
+        and array.flags.c_contiguous
+    ):
+        return owner.view(array.shape)  # keeps the shared storage: no copy on the way out
+    return torch.from_numpy(array)
+
+
+def _episode_selection(episodes, count: int, where: Path) -> np.ndarray:
+    if episodes is None:
+        return np.arange(count, dtype=np.int64)
+    selected = np.asarray(list(episodes), dtype=np.int64)
+    if selected.size and (selected.min() < 0 or selected.max() >= count):
+        raise DatasetError(
+            f"episode indices must lie in 0..{count - 1}: {where} holds {count} episodes",
+            exit_code=2,
+        )
+    return selected
+
+
+def _cached_lengths(reader, path: Path, cache_dir: Path | None) -> np.ndarray:
+    """The episode index, from ``cache_dir`` when it was built for this very version."""
+    token = getattr(reader, "index_token", None)
+    if cache_dir is None or token is None:
+        return reader.episode_lengths
+    key = hashlib.sha1(f"{Path(path).resolve()}|{token}".encode()).hexdigest()[:24]
+    file = Path(cache_dir) / f"episode-index-{key}.npy"
+    if file.is_file():
+        reader.set_episode_lengths(np.load(file))
+        return reader.episode_lengths
+    lengths = reader.episode_lengths
+    file.parent.mkdir(parents=True, exist_ok=True)
+    temporary = file.with_suffix(f".{os.getpid()}.tmp")
+    with temporary.open("wb") as handle:
+        np.save(handle, lengths)
+    os.replace(temporary, file)
+    return lengths
+
+
+def _describe(path: Path, cache_dir: Path | None) -> dict:
+    reader = open_reader(path)
+    try:
+        lengths = _cached_lengths(reader, path, cache_dir)
+        return {
+            "format": reader.format,
+            "metadata": reader.metadata,
+            "keys": reader.keys,
+            "lengths": np.asarray(lengths, dtype=np.int64),
+        }
+    finally:
+        reader.close()
+
+
+def _describe_in_child(path: Path, cache_dir: Path | None) -> tuple[str, object]:
+    try:
+        return "ok", _describe(path, cache_dir)
+    except SwmError as error:  # exceptions with hints do not survive pickling: send the parts
+        return "error", (type(error).__name__, error.message, error.hint, error.exit_code)
+
+
+def _lance_opened() -> bool:
+    from swmcli.core.storage.lance import opened_in_this_process
+
+    return opened_in_this_process()
+
+
+def _describe_fork_safe(path: Path, cache_dir: Path | None) -> dict:
+    """Index the dataset; for Lance, in a forked child so this process stays fork-safe."""
+    if (
+        detect(path) != "lance"
+        or _lance_opened()
+        or "fork" not in multiprocessing.get_all_start_methods()
+    ):
+        return _describe(path, cache_dir)
+    # Importing Lance is fork-safe (opening a dataset is not): import once here, and the indexing
+    # child and every forked worker inherit it instead of each paying the import.
+    import lance  # noqa: F401
+
+    with _quiet_lance_fork_warning(), multiprocessing.get_context("fork").Pool(1) as pool:
+        status, payload = pool.apply(_describe_in_child, (path, cache_dir))
+    if status == "ok":
+        return payload
+    _, message, hint, exit_code = payload
+    raise DatasetError(message, hint, exit_code)
+
+
+@contextmanager
+def _quiet_lance_fork_warning():
+    """Lance warns on every fork once imported; ours fork before any Lance dataset is opened."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="lance is not fork-safe")
+        yield
+
+
+def load_dataset(
+    path: str | Path,
+    keys_to_load: Sequence[str] | None = None,
+    history_len: int = 1,
+    frameskip: int = 1,
+    cache_dir: str | Path | None = None,
+    episodes: Sequence[int] | None = None,
+) -> ClipDataset:
+    """A map-style Dataset of clips from the dataset at ``path`` (any format), in the
+    ReplayBuffer's clip layout. ``episodes`` restricts it to some episode indices; ``cache_dir``
+    keeps the episode index so that reopening does not rescan.
+    """
+    if history_len < 1 or frameskip < 1:
+        raise UsageError(
+            f"history_len and frameskip must be at least 1, got {history_len} and {frameskip}"
+        )
+    path = Path(path)
+    cache = Path(cache_dir) if cache_dir is not None else None
+    description = _describe_fork_safe(path, cache)
+    keys = check_keys(description["keys"], keys_to_load, path)
+    return ClipDataset(path, description, keys, history_len, frameskip, episodes)
+
+
+class ClipSampler(Sampler[int]):
+    """Clip indices ``0 .. dataset.num_clips - 1`` per epoch, shuffled with a seeded generator.
+
+    Reads ``num_clips`` at every epoch, so a ReplayBuffer that grows while training is covered.
+    """
+
+    def __init__(self, dataset, shuffle: bool, generator: torch.Generator):
+        self.dataset, self.shuffle, self.generator = dataset, shuffle, generator
+
+    def __len__(self) -> int:
+        return int(self.dataset.num_clips)
+
+    def __iter__(self):
+        count = len(self)
+        if self.shuffle:
+            yield from torch.randperm(count, generator=self.generator).tolist()
+        else:
+            yield from range(count)
+
+
+def collate_clips(batch) -> dict[str, torch.Tensor]:
+    """A batch from ``__getitems__`` (or a list of clips) -> tensors; pixels stay uint8."""
+    if isinstance(batch, dict):
+        arrays = batch
+    else:
+        arrays = {key: np.stack([clip[key] for clip in batch]) for key in batch[0]}
+    with warnings.catch_warnings():
+        # Frames read by Lance may be read-only views of Arrow memory; nothing writes to them.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {key: _tensor_of(np.asarray(value)) for key, value in arrays.items()}
+
+
+class ClipLoader(DataLoader):
+    """A DataLoader that picks its workers' start method when it starts them, not when built:
+    reading an eval episode from Lance between ``make_loader`` and the first batch must not
+    leave it forking."""
+
+    def __iter__(self):
+        if self.num_workers > 0 and self._iterator is None:
+            self.multiprocessing_context = _worker_context(self.dataset)
+        return super().__iter__()
+
+
+def _worker_context(dataset):
+    """Fork (fast to start) unless this process opened a Lance dataset: then forkserver."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" not in methods:
+        return None
+    if getattr(dataset, "format", None) == "lance" and _lance_opened():
+        return multiprocessing.get_context("forkserver")
+    # The workers open the dataset after the fork; Lance's blanket warning does not apply.
+    warnings.filterwarnings("ignore", message="lance is not fork-safe")
+    return multiprocessing.get_context("fork")
+
+
+def make_loader(
+    dataset,
+    batch_size: int,
+    num_workers: int = 2,
+    shuffle: bool = True,
+    seed: int = 0,
+    prefetch_factor: int = 2,
+    drop_last: bool = True,
+) -> DataLoader:
+    """A DataLoader over a ClipDataset or a ReplayBuffer yielding ``{key: (B, ...)}`` tensors.
+
+    Picks the worker start method itself, pins memory only where CUDA exists, keeps workers alive
+    across epochs and seeds the order. A ReplayBuffer is read in this process (its arrays live
+    here; workers would copy them), so ``num_workers`` is 0 for it.
+    """
+    if not isinstance(dataset, ClipDataset):
+        num_workers = 0
+    generator = torch.Generator().manual_seed(seed)
+    sampler = BatchSampler(ClipSampler(dataset, shuffle, generator), batch_size, drop_last)
+    workers = {}
+    if num_workers > 0:
+        workers = {
+            "multiprocessing_context": _worker_context(dataset),
+            "persistent_workers": True,
+            "prefetch_factor": prefetch_factor,
+        }
+    return ClipLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_clips,
+        pin_memory=torch.cuda.is_available(),
+        generator=generator,
+        **workers,
+    )
+
+
+def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """Move a batch to ``device`` without blocking (pinned source); pixels stay uint8."""
+    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}

@@ -1,0 +1,296 @@
+"""On-disk datasets: a registry of three formats behind one small protocol.
+
+``detect(path)`` names the format of a dataset, ``open_reader(path)`` reads any of them and
+``open_writer(path, ...)`` writes one. Every format holds the same schema: one row per observation
+with ``episode_idx`` (int64), ``step_idx`` (int32) and one column per episode key (``pixels``,
+``action``, ``reward``, ``terminated``, ``truncated``, and any other observation key), plus
+dataset metadata (format version, env id, resolution, action dim, pixel encoding, swm version).
+
+An episode in memory is ``dict[str, np.ndarray]`` whose arrays share their first dimension.
+Writers add ``episode_idx`` and ``step_idx``; readers return episodes without them, so an episode
+read back equals the one written. Writes are episode-atomic in every format.
+"""
+
+import json
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from swmcli.errors import DatasetError, UsageError
+
+FORMATS = ("lance", "hdf5", "folder")
+MODES = ("append", "overwrite", "error")
+FORMAT_VERSION = 1
+# Bookkeeping columns every format stores; not episode keys.
+INDEX_COLUMNS = ("episode_idx", "step_idx")
+_SUFFIXES = {".lance": "lance", ".h5": "hdf5", ".hdf5": "hdf5"}
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+FOLDER_METADATA = "swm_folder.json"
+
+Schema = dict[str, tuple[np.dtype, tuple[int, ...]]]
+
+
+class Reader(Protocol):
+    """What every format's reader offers (rows are global: episode offsets + step)."""
+
+    format: str
+    metadata: dict
+    keys: Schema
+    num_episodes: int
+    num_steps: int
+    episode_lengths: np.ndarray
+    episode_offsets: np.ndarray
+    nbytes_on_disk: int
+
+    def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]: ...
+    def read_rows(self, key: str, rows: np.ndarray, out=None) -> np.ndarray: ...
+    def close(self) -> None: ...
+
+
+class Writer(Protocol):
+    """What every format's writer (and the ReplayBuffer) offers."""
+
+    num_episodes: int
+    num_steps: int
+
+    def write_episode(self, episode: Mapping[str, np.ndarray]) -> int: ...
+    def close(self) -> None: ...
+
+
+def detect(path: str | Path) -> str:
+    """The format of the dataset at ``path``; a DatasetError with a hint if it is not one."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(
+            f"no dataset at {path}", hint="check the path (collect one with `swm collect`)"
+        )
+    if path.is_file():
+        with path.open("rb") as handle:
+            if handle.read(8) == _HDF5_SIGNATURE:
+                return "hdf5"
+    elif (path / "_versions").is_dir():
+        return "lance"
+    elif (path / FOLDER_METADATA).is_file():
+        return "folder"
+    raise DatasetError(
+        f"{path} is not a swm dataset (lance, hdf5 or folder)",
+        hint="point to a .lance directory, an .h5 file or a folder written by swm",
+    )
+
+
+def _module(fmt: str):
+    if fmt == "lance":
+        from swmcli.core.storage import lance as module
+    elif fmt == "hdf5":
+        from swmcli.core.storage import hdf5 as module
+    elif fmt == "folder":
+        from swmcli.core.storage import folder as module
+    else:
+        raise UsageError(f"unknown dataset format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
+    return module
+
+
+def open_reader(path: str | Path) -> Reader:
+    """Open the dataset at ``path`` for reading, whatever its format."""
+    return _module(detect(path)).open_reader(Path(path))
+
+
+def iter_episodes(
+    path: str | Path, keys: list[str] | None = None, episodes=None
+) -> Iterator[dict[str, np.ndarray]]:
+    """Episodes of the dataset at ``path`` one at a time (all, or the indices in ``episodes``):
+    the episode-level reader for conversion and evaluation, one episode in memory at a time.
+    """
+    reader = open_reader(path)
+    try:
+        keys = check_keys(reader.keys, keys, path)
+        for index in range(reader.num_episodes) if episodes is None else episodes:
+            yield reader.read_episode(int(index), keys)
+    finally:
+        reader.close()
+
+
+def resolve_format(path: str | Path, format: str | None = None) -> str:
+    """The format to write: ``format``, else by suffix, else the existing dataset's, else lance."""
+    path = Path(path)
+    if format is not None:
+        _module(format)
+        return format
+    if path.suffix.lower() in _SUFFIXES:
+        return _SUFFIXES[path.suffix.lower()]
+    if path.exists():
+        return detect(path)
+    return "lance"
+
+
+def open_writer(
+    path: str | Path,
+    format: str | None = None,
+    mode: str = "append",
+    metadata: Mapping[str, Any] | None = None,
+) -> Writer:
+    """A writer for ``path``: ``mode`` "append" continues the dataset, "overwrite" replaces it,
+    "error" refuses an existing path. ``metadata`` holds env_id, resolution and action_dim.
+    """
+    path = Path(path)
+    if mode not in MODES:
+        raise UsageError(f"unknown write mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
+    if path.is_dir() and not any(path.iterdir()):
+        path.rmdir()  # an empty directory made ahead of time holds no dataset: start afresh
+    fmt = resolve_format(path, format)
+    append = False
+    if path.exists():
+        if mode == "error":
+            raise DatasetError(
+                f"{path} already exists", hint="pass --overwrite to replace it", exit_code=2
+            )
+        existing = detect(path)
+        if mode == "overwrite":
+            remove_dataset(path)
+        elif existing != fmt:
+            raise DatasetError(
+                f"cannot append {fmt} episodes to {path}: it is a {existing} dataset",
+                hint=f"write to a new path, or use --format {existing}",
+                exit_code=2,
+            )
+        else:
+            append = True
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _module(fmt).open_writer(path, dict(metadata or {}), append)
+
+
+def remove_dataset(path: Path) -> None:
+    """Delete a dataset (only something ``detect`` recognises, never an arbitrary directory)."""
+    detect(path)
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def episode_schema(episode: Mapping[str, np.ndarray]) -> Schema:
+    """Per-row dtype and shape of every key; a clear error for an empty or ragged episode."""
+    if not episode:
+        raise UsageError("an episode needs at least one key", hint="pass pixels, action, ...")
+    lengths = {key: np.shape(value)[0] if np.ndim(value) else 0 for key, value in episode.items()}
+    if len(set(lengths.values())) != 1 or 0 in lengths.values():
+        raise UsageError(
+            f"episode arrays must share a non-zero first dimension, got {lengths}",
+            hint="every key holds one row per step",
+        )
+    for key in INDEX_COLUMNS:
+        if key in episode:
+            raise UsageError(f"episode key {key!r} is reserved", hint="the writer adds it")
+    return {key: (np.asarray(v).dtype, tuple(np.shape(v)[1:])) for key, v in episode.items()}
+
+
+def check_schema(expected: Schema, episode: Mapping[str, np.ndarray], where: Path) -> Schema:
+    """The episode's schema, or a clear error if it differs from the dataset's."""
+    got = episode_schema(episode)
+    if got != expected:
+        raise DatasetError(
+            f"episode does not match the schema of {where}: "
+            f"expected {describe_schema(expected)}, got {describe_schema(got)}",
+            hint="append episodes with the same keys, shapes and dtypes, or write a new dataset",
+            exit_code=2,
+        )
+    return got
+
+
+def describe_schema(schema: Schema) -> str:
+    """``pixels uint8 (64, 64, 3), action float32 (2,)`` for messages."""
+    return ", ".join(f"{k} {np.dtype(d).name} {s}" for k, (d, s) in schema.items())
+
+
+def schema_to_json(schema: Schema) -> dict[str, list]:
+    """The schema as JSON-able ``{key: [dtype, shape]}``."""
+    return {k: [np.dtype(d).str, list(s)] for k, (d, s) in schema.items()}
+
+
+def schema_from_json(data: Mapping[str, list]) -> Schema:
+    """Inverse of ``schema_to_json``."""
+    return {k: (np.dtype(d), tuple(int(n) for n in s)) for k, (d, s) in data.items()}
+
+
+def build_metadata(user: Mapping[str, Any], schema: Schema, pixel_encoding: str) -> dict:
+    """Dataset metadata: the user's env_id/resolution/action_dim plus what swm adds."""
+    import swmcli
+
+    meta = {"env_id": None, "resolution": None, "action_dim": None, **user}
+    if meta["action_dim"] is None and "action" in schema:
+        meta["action_dim"] = int(np.prod(schema["action"][1]))
+    if meta["resolution"] is None and "pixels" in schema and len(schema["pixels"][1]) >= 2:
+        meta["resolution"] = list(schema["pixels"][1][:2])
+    meta.update(
+        format_version=FORMAT_VERSION,
+        pixel_encoding=pixel_encoding,
+        swm_version=swmcli.__version__,
+        keys=schema_to_json(schema),
+    )
+    return meta
+
+
+def check_metadata(existing: Mapping[str, Any], user: Mapping[str, Any], where: Path) -> None:
+    """Refuse appending episodes of another env / resolution / action dim."""
+    for key in ("env_id", "resolution", "action_dim"):
+        new, old = user.get(key), existing.get(key)
+        if new is not None and old is not None and json.dumps(new) != json.dumps(old):
+            raise DatasetError(
+                f"{where} holds {key} {old}, not {new}",
+                hint="write to a new dataset, or pass --overwrite",
+                exit_code=2,
+            )
+
+
+def is_image(shape: tuple[int, ...]) -> bool:
+    """Rows with two or more dimensions are images: stored as one compressed blob per row."""
+    return len(shape) >= 2
+
+
+def check_keys(schema: Schema, keys, where) -> list[str]:
+    """The requested keys (all when None); a usage error naming the missing ones."""
+    if keys is None:
+        return list(schema)
+    missing = [k for k in keys if k not in schema]
+    if missing:
+        raise DatasetError(
+            f"{where} has no key {', '.join(map(repr, missing))}",
+            hint=f"available keys: {', '.join(schema)}",
+            exit_code=2,
+        )
+    return list(keys)
+
+
+def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
+    """First global row of each episode."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+
+
+def nbytes_under(path: Path) -> int:
+    """Bytes on disk of a file or everything under a directory."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def take_rows(values: np.ndarray, index: np.ndarray | None, out: np.ndarray | None):
+    """``values[index]`` (all of ``values`` when ``index`` is None), written into ``out`` if given.
+
+    Readers take ``out`` so a DataLoader worker can gather a batch straight into shared memory.
+    """
+    if out is None:
+        return values if index is None else values[index]
+    if index is None:
+        out[...] = values
+    else:
+        np.take(values, index, axis=0, out=out)
+    return out
+
+
+def rows_by_episode(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Episode of each global row."""
+    return np.searchsorted(offsets, rows, side="right") - 1

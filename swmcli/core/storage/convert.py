@@ -1,0 +1,187 @@
+"""``swm convert`` and ``swm info``: convert a dataset between formats, verified and atomic.
+
+Conversion streams episode by episode (memory stays at about one episode whatever the dataset
+size), writes to a hidden temporary path next to the destination, re-reads what it wrote and
+compares counts and a BLAKE2 checksum of every column, and only then renames it into place. The
+source is only ever read.
+"""
+
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from swmcli.core.storage import (
+    check_keys,
+    describe_schema,
+    detect,
+    nbytes_under,
+    open_reader,
+    open_writer,
+    resolve_format,
+)
+from swmcli.errors import DatasetError, UsageError
+from swmcli.report import CommandResult, Table, progress
+
+_CARRIED_METADATA = ("env_id", "resolution", "action_dim")
+
+
+def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
+    if dst.resolve() == src.resolve():
+        raise UsageError(f"source and destination are the same path: {src}")
+    if not dst.exists():
+        return
+    if not overwrite:
+        raise DatasetError(
+            f"{dst} already exists", hint="pass --overwrite to replace it", exit_code=2
+        )
+    try:
+        detect(dst)
+    except DatasetError:
+        raise DatasetError(
+            f"refusing to replace {dst}: it is not a swm dataset",
+            hint="choose another destination",
+            exit_code=2,
+        ) from None
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists():
+        path.unlink()
+
+
+def _copy_episodes(reader, writer, keys: list[str]) -> dict[str, str]:
+    """Stream every episode from reader to writer; the checksum of each column as it went."""
+    digests = {key: hashlib.blake2b(digest_size=16) for key in keys}
+    with progress("convert", total=reader.num_episodes) as advance:
+        for index in range(reader.num_episodes):
+            episode = reader.read_episode(index, keys)
+            for key in keys:
+                digests[key].update(np.ascontiguousarray(episode[key]).data)
+            writer.write_episode(episode)
+            advance(1)
+    return {key: digest.hexdigest() for key, digest in digests.items()}
+
+
+def _column_checksums(reader, keys: list[str]) -> dict[str, str]:
+    digests = {key: hashlib.blake2b(digest_size=16) for key in keys}
+    for index in range(reader.num_episodes):
+        episode = reader.read_episode(index, keys)
+        for key in keys:
+            digests[key].update(np.ascontiguousarray(episode[key]).data)
+    return {key: digest.hexdigest() for key, digest in digests.items()}
+
+
+def _verify(source, written_path: Path, keys: list[str], expected: dict[str, str]) -> None:
+    """Counts, episode lengths, schema and every column's checksum must match the source."""
+    written = open_reader(written_path)
+    try:
+        problems = []
+        if written.num_episodes != source.num_episodes or written.num_steps != source.num_steps:
+            problems.append(
+                f"{written.num_episodes} episodes / {written.num_steps} steps written, "
+                f"{source.num_episodes} / {source.num_steps} read"
+            )
+        elif not np.array_equal(written.episode_lengths, source.episode_lengths):
+            problems.append("episode lengths differ")
+        wanted = {k: source.keys[k] for k in keys}
+        if written.keys != wanted:
+            problems.append(f"schema {describe_schema(written.keys)} != {describe_schema(wanted)}")
+        if not problems:
+            actual = _column_checksums(written, keys)
+            problems += [f"column {k} differs" for k in keys if actual[k] != expected[k]]
+    finally:
+        written.close()
+    if problems:
+        raise DatasetError(
+            f"verification failed: {'; '.join(problems)}",
+            hint="the destination was not written; report this with SWM_DEBUG=1",
+        )
+
+
+def _move_into_place(temporary: Path, dst: Path) -> None:
+    """Rename the verified copy onto ``dst``; an old ``dst`` is moved aside first, then deleted."""
+    aside = dst.with_name(f".old-{os.getpid()}-{dst.name}")
+    if dst.exists():
+        os.rename(dst, aside)
+    os.rename(temporary, dst)
+    _remove(aside)
+
+
+def convert(
+    src: str | Path,
+    dst: str | Path,
+    to: str | None = None,
+    keys: list[str] | None = None,
+    overwrite: bool = False,
+) -> CommandResult:
+    """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
+    lance), keeping only ``keys`` if given. Streams, verifies, renames into place at the end.
+    """
+    started = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    reader = open_reader(src)
+    try:
+        _check_destination(src, dst, overwrite)
+        keys = check_keys(reader.keys, keys, src)
+        if reader.num_episodes == 0:
+            raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
+        temporary = dst.with_name(f".tmp-{os.getpid()}-{dst.name}")
+        fmt = resolve_format(temporary, to)
+        metadata = {k: reader.metadata.get(k) for k in _CARRIED_METADATA}
+        _remove(temporary)
+        try:
+            with open_writer(temporary, format=fmt, mode="error", metadata=metadata) as writer:
+                checksums = _copy_episodes(reader, writer, keys)
+            _verify(reader, temporary, keys, checksums)
+            _move_into_place(temporary, dst)
+        except BaseException:
+            _remove(temporary)
+            raise
+        fields = {
+            "src": str(src),
+            "dst": str(dst),
+            "format": fmt,
+            "episodes": reader.num_episodes,
+            "steps": reader.num_steps,
+            "src_size_bytes": reader.nbytes_on_disk,
+            "dst_size_bytes": nbytes_under(dst),
+            "verified": True,
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+    finally:
+        reader.close()
+    return CommandResult(title="swm convert", fields=fields)
+
+
+def info(path: str | Path) -> CommandResult:
+    """What ``swm info PATH`` shows: format, episodes, steps, bytes on disk and per step, the
+    metadata, and a table of keys with their per-row dtype and shape.
+    """
+    reader = open_reader(Path(path))
+    try:
+        on_disk = reader.nbytes_on_disk
+        steps = reader.num_steps
+        fields = {
+            "path": str(path),
+            "format": reader.format,
+            "episodes": reader.num_episodes,
+            "steps": steps,
+            "on_disk_bytes": on_disk,
+            "per_step_bytes": on_disk // steps if steps else None,
+        }
+        fields.update({k: v for k, v in reader.metadata.items() if k != "keys"})
+        rows = [
+            [key, np.dtype(dtype).name, str(shape), np.dtype(dtype).itemsize * int(np.prod(shape))]
+            for key, (dtype, shape) in reader.keys.items()
+        ]
+    finally:
+        reader.close()
+    columns = ["key", "dtype", "shape", "raw bytes"]
+    table = Table(title="keys (per step)", columns=columns, rows=rows)
+    return CommandResult(title="swm info", fields=fields, tables=[table])

@@ -1,0 +1,377 @@
+"""HDF5 datasets: flat per-key datasets plus episode offsets, readable by h5py, h5ls and h5dump.
+
+Every key is one dataset of shape ``(rows, ...)``; ``episode_offsets`` and ``episode_lengths`` hold
+the episode index. Images are chunked one frame per chunk (a random read decompresses only the
+frame it needs) with gzip level 1 (lzf would be faster but h5dump cannot read it).
+
+Episode-atomic writes use HDF5's single-writer/multiple-reader mode (SWMR): metadata reaches the
+file in an order that keeps it readable at every instant. An episode's rows are written and
+flushed first; its entry in ``episode_lengths`` comes last and is the commit. A reader trusts only
+committed episodes. A writer killed mid-run leaves the superblock's "open for write" flag set;
+appending clears it (what ``h5clear -s`` does) once no process holds the file.
+"""
+
+import fcntl
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from swmcli.core.storage import (
+    INDEX_COLUMNS,
+    build_metadata,
+    check_keys,
+    check_metadata,
+    check_schema,
+    episode_schema,
+    is_image,
+    offsets_from_lengths,
+    schema_from_json,
+)
+from swmcli.errors import DatasetError
+
+PIXEL_ENCODING = "raw uint8, gzip level 1, one frame per chunk"
+# The HDF5 1.10 file format: the oldest with SWMR, and what h5dump/h5ls 1.10 (Debian 12) read.
+_LIBVER = ("v110", "v110")
+_CHUNK_CACHE_BYTES = 64 * 2**20
+_CHUNK_CACHE_SLOTS = 100_003  # a prime well above the chunks that fit the cache
+_SMALL_CHUNK_ROWS = 4096
+_DAMAGED_HINT = "the file is damaged or truncated: restore it or collect again"
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
+
+
+def _open(path: Path, mode: str, **kwargs):
+    import h5py
+
+    try:
+        return h5py.File(
+            path,
+            mode,
+            rdcc_nbytes=_CHUNK_CACHE_BYTES,
+            rdcc_nslots=_CHUNK_CACHE_SLOTS,
+            **kwargs,
+        )
+    except OSError as error:
+        message = f"cannot open HDF5 file {path}: {_first_line(error)}"
+        raise DatasetError(message, _DAMAGED_HINT) from error
+
+
+class Hdf5Reader:
+    """Reads a swm HDF5 file; opens in SWMR mode so a file being written (or crashed) reads."""
+
+    format = "hdf5"
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._file = _open(self.path, "r", swmr=True)
+        raw = self._file.attrs.get("swm")
+        if raw is None:
+            self._file.close()
+            raise DatasetError(
+                f"{self.path} is an HDF5 file but was not written by swm (no swm metadata)",
+                hint="write it with swmcli.open_writer or `swm collect`",
+            )
+        self.metadata = json.loads(raw)
+        self.keys = schema_from_json(self.metadata["keys"])
+        self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
+        self.episode_offsets = offsets_from_lengths(self.episode_lengths)
+        self.num_episodes = len(self.episode_lengths)
+        self.num_steps = int(self.episode_lengths.sum())
+        self.index_token = None  # the index lives in the file: nothing to cache
+
+    @property
+    def nbytes_on_disk(self) -> int:
+        return self.path.stat().st_size
+
+    def _guard(self, read):
+        try:
+            return read()
+        except (OSError, ValueError, KeyError) as error:
+            raise DatasetError(
+                f"cannot read {self.path}: {_first_line(error)}", _DAMAGED_HINT
+            ) from error
+
+    def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``rows`` (global, any order, repeats allowed) of ``key``, in that order (into
+        ``out`` when given)."""
+        check_keys(self.keys, [key], self.path)
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_steps):
+            raise IndexError(f"rows out of range 0..{self.num_steps - 1}")
+        dataset = self._file[key]
+        dtype, shape = self.keys[key]
+        if out is None:
+            out = np.empty((len(rows), *shape), dtype=dtype)
+        read = _read_each if is_image(shape) else _read_by_chunk
+        self._guard(lambda: read(dataset, rows, out))
+        return out
+
+    def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
+        """Episode ``index`` as ``{key: (length, ...)}`` (all keys unless ``keys`` is given)."""
+        keys = check_keys(self.keys, keys, self.path)
+        start = int(self.episode_offsets[index])
+        stop = start + int(self.episode_lengths[index])
+        return {k: self._guard(lambda k=k: self._file[k][start:stop]) for k in keys}
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _read_by_chunk(dataset, rows: np.ndarray, out: np.ndarray) -> None:
+    """Small rows: read each chunk that holds any of ``rows`` once, as a slice (a point
+    selection of scattered rows costs far more in h5py than reading their whole chunks)."""
+    chunk_rows = dataset.chunks[0] if dataset.chunks else len(dataset)
+    chunk_of = rows // chunk_rows
+    for chunk in np.unique(chunk_of).tolist():
+        start = chunk * chunk_rows
+        block = dataset[start : start + chunk_rows]
+        wanted = chunk_of == chunk
+        out[wanted] = block[rows[wanted] - start]
+
+
+def _read_each(dataset, rows: np.ndarray, out: np.ndarray) -> None:
+    """Read frame by frame into ``out``. With one frame per chunk and gzip as the only filter
+    (what swm writes), each frame is one raw chunk read and one ``zlib`` inflate: h5py's
+    selection machinery would cost more than the inflate itself."""
+    frame_shape = dataset.shape[1:]
+    one_frame_chunks = dataset.chunks == (1, *frame_shape)
+    gzip_only = [f[0] for f in _filters(dataset)] == [h5z_deflate()]
+    if not (one_frame_chunks and gzip_only):
+        for position, row in enumerate(rows):
+            dataset.read_direct(out, np.s_[int(row)], np.s_[position])
+        return
+    origin = (0,) * len(frame_shape)
+    flat = out.reshape(len(rows), -1).view(np.uint8)
+    for position, row in enumerate(rows.tolist()):
+        mask, data = dataset.id.read_direct_chunk((row, *origin))
+        # A set mask bit means the filter was skipped for this chunk: the bytes are raw.
+        frame = data if mask & 1 else zlib.decompress(data)
+        flat[position] = np.frombuffer(frame, np.uint8)
+
+
+def h5z_deflate() -> int:
+    """HDF5's id of the gzip (deflate) filter."""
+    import h5py
+
+    return h5py.h5z.FILTER_DEFLATE
+
+
+def _filters(dataset) -> list[tuple]:
+    plist = dataset.id.get_create_plist()
+    return [plist.get_filter(i) for i in range(plist.get_nfilters())]
+
+
+def _committed_lengths(file, keys, where: Path) -> np.ndarray:
+    """Lengths of the episodes whose commit entry reached the file and whose rows all exist."""
+    if "episode_lengths" not in file:
+        return np.zeros(0, dtype=np.int64)
+    try:
+        lengths = file["episode_lengths"][:].astype(np.int64)
+        rows = min(file[k].shape[0] for k in keys) if keys else 0
+    except (OSError, KeyError) as error:
+        raise DatasetError(f"cannot read {where}: {_first_line(error)}", _DAMAGED_HINT) from error
+    # A kill between resize and write leaves a zero entry: it was never committed.
+    committed = int(np.argmin(lengths > 0)) if np.any(lengths <= 0) else len(lengths)
+    lengths = lengths[:committed]
+    while len(lengths) and lengths.sum() > rows:
+        lengths = lengths[:-1]
+    return lengths
+
+
+class Hdf5Writer:
+    """Appends whole episodes to one HDF5 file in SWMR mode."""
+
+    format = "hdf5"
+
+    def __init__(self, path: Path, metadata: dict, append: bool):
+        self.path = Path(path)
+        self._user_metadata = metadata
+        self._file = None
+        self._lock = None
+        self.schema = None
+        self.num_episodes = 0
+        self.num_steps = 0
+        if append:
+            self._resume()
+
+    def _resume(self) -> None:
+        reader = Hdf5Reader(self.path)
+        check_metadata(reader.metadata, self._user_metadata, self.path)
+        self.schema, lengths = reader.keys, reader.episode_lengths
+        reader.close()
+        _clear_open_flag(self.path)
+        self._file = _open(self.path, "r+", libver=_LIBVER)
+        self.num_episodes, self.num_steps = len(lengths), int(lengths.sum())
+        # Drop rows of an episode cut short by a kill: appending starts where the last commit ended.
+        for name in (*INDEX_COLUMNS, *self.schema):
+            self._file[name].resize(self.num_steps, axis=0)
+        for name in ("episode_offsets", "episode_lengths"):
+            self._file[name].resize(self.num_episodes, axis=0)
+        self._file.flush()
+        self._file.swmr_mode = True
+        self._lock = _hold_writer_lock(self.path)
+
+    def _create(self, episode) -> None:
+        self.schema = episode_schema(episode)
+        meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
+        file = _open(self.path, "w", libver=_LIBVER)
+        file.attrs["swm"] = json.dumps(meta)
+        columns = {"episode_idx": (np.dtype(np.int64), ()), "step_idx": (np.dtype(np.int32), ())}
+        for name, (dtype, shape) in {**columns, **self.schema}.items():
+            chunk_rows = 1 if is_image(shape) else _SMALL_CHUNK_ROWS
+            file.create_dataset(
+                name,
+                shape=(0, *shape),
+                maxshape=(None, *shape),
+                dtype=dtype,
+                chunks=(chunk_rows, *shape),
+                compression="gzip",
+                compression_opts=1,
+            )
+        for name in ("episode_offsets", "episode_lengths"):
+            file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(1024,))
+        file.flush()
+        file.swmr_mode = True
+        self._file = file
+        self._lock = _hold_writer_lock(self.path)
+
+    def write_episode(self, episode) -> int:
+        """Append one episode; its ``episode_lengths`` entry, written last, commits it."""
+        if self._file is None:
+            self._create(episode)
+        check_schema(self.schema, episode, self.path)
+        length = len(next(iter(episode.values())))
+        start, stop = self.num_steps, self.num_steps + length
+        values = {
+            "episode_idx": np.full(length, self.num_episodes, dtype=np.int64),
+            "step_idx": np.arange(length, dtype=np.int32),
+            **episode,
+        }
+        for name, array in values.items():
+            dataset = self._file[name]
+            dataset.resize(stop, axis=0)
+            dataset[start:stop] = array
+        self._file.flush()
+        for name, value in (("episode_offsets", start), ("episode_lengths", length)):
+            dataset = self._file[name]
+            dataset.resize(self.num_episodes + 1, axis=0)
+            dataset[self.num_episodes] = value
+        self._file.flush()
+        self.num_steps = stop
+        self.num_episodes += 1
+        return self.num_episodes - 1
+
+    def close(self) -> None:
+        """Close the file (clears its open-for-write flag)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> "Hdf5Writer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _lookup3(data: bytes) -> int:
+    """Bob Jenkins' lookup3 ``hashlittle`` (initval 0): HDF5's metadata checksum."""
+    mask = 0xFFFFFFFF
+
+    def rot(x: int, k: int) -> int:
+        return ((x << k) | (x >> (32 - k))) & mask
+
+    length = len(data)
+    a = b = c = (0xDEADBEEF + length) & mask
+    padded = data.ljust(max(1, (length + 11) // 12) * 12, b"\0")
+    blocks = np.frombuffer(padded, "<u4").reshape(-1, 3).tolist()
+    for x, y, z in blocks[:-1]:
+        a, b, c = (a + x) & mask, (b + y) & mask, (c + z) & mask
+        a = ((a - c) & mask) ^ rot(c, 4)
+        c = (c + b) & mask
+        b = ((b - a) & mask) ^ rot(a, 6)
+        a = (a + c) & mask
+        c = ((c - b) & mask) ^ rot(b, 8)
+        b = (b + a) & mask
+        a = ((a - c) & mask) ^ rot(c, 16)
+        c = (c + b) & mask
+        b = ((b - a) & mask) ^ rot(a, 19)
+        a = (a + c) & mask
+        c = ((c - b) & mask) ^ rot(b, 4)
+        b = (b + a) & mask
+    if length == 0:
+        return c
+    x, y, z = blocks[-1]
+    a, b, c = (a + x) & mask, (b + y) & mask, (c + z) & mask
+    c = ((c ^ b) - rot(b, 14)) & mask
+    a = ((a ^ c) - rot(c, 11)) & mask
+    b = ((b ^ a) - rot(a, 25)) & mask
+    c = ((c ^ b) - rot(b, 16)) & mask
+    a = ((a ^ c) - rot(c, 4)) & mask
+    b = ((b ^ a) - rot(a, 14)) & mask
+    c = ((c ^ b) - rot(b, 24)) & mask
+    return c
+
+
+def _hold_writer_lock(path: Path):
+    """A POSIX record lock held for the writer's lifetime (released by the kernel if it dies).
+
+    HDF5 drops its own ``flock`` once SWMR writing starts, so this is what tells a live writer
+    from a killed one; POSIX locks and ``flock`` do not interfere on Linux.
+    """
+    handle = path.open("r+b")
+    try:
+        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        handle.close()
+        raise DatasetError(
+            f"{path} is open for writing by another process",
+            hint="wait for that process to finish, or write to another path",
+        ) from error
+    return handle
+
+
+def _clear_open_flag(path: Path) -> None:
+    """Clear the superblock's open-for-write flags left by a killed writer (``h5clear -s``).
+
+    Only when no process holds the file: no swm writer's record lock, no HDF5 ``flock``.
+    """
+    _hold_writer_lock(path).close()
+    with path.open("r+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            raise DatasetError(
+                f"{path} is open for writing by another process",
+                hint="wait for that process to finish, or write to another path",
+            ) from error
+        try:
+            head = handle.read(64)
+            version, offset_size = head[8], head[9]
+            if head[:8] != b"\x89HDF\r\n\x1a\n" or version < 2 or head[11] == 0:
+                return  # older superblocks have no flags; flags already clear
+            end = 12 + 4 * offset_size
+            patched = head[:11] + b"\0" + head[12:end]
+            handle.seek(0)
+            handle.write(patched + _lookup3(patched).to_bytes(4, "little"))
+            handle.flush()
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def open_reader(path: Path) -> Hdf5Reader:
+    """Open a swm HDF5 file for reading."""
+    return Hdf5Reader(path)
+
+
+def open_writer(path: Path, metadata: dict, append: bool) -> Hdf5Writer:
+    """Open a swm HDF5 file for episode-atomic appends."""
+    return Hdf5Writer(path, metadata, append)

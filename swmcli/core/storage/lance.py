@@ -1,0 +1,326 @@
+"""Lance datasets: one row per observation, images as zstd-compressed binary blobs.
+
+Images (rows with two or more dimensions) go in a ``large_binary`` column of raw bytes with zstd
+compression: measured here it reads 3-4x faster than ``fixed_size_list<uint8>`` at 224x224 and is
+far smaller on disk. Vectors are ``fixed_size_list`` columns, scalars plain columns; the swm
+metadata (schema, env id, ...) is JSON in the Arrow schema metadata under ``swm``, so plain
+``lance``, ``lancedb`` and ``pyarrow`` read the dataset without swm.
+
+Each ``write_episode`` is one Lance commit, so an episode is on disk or not at all. Many small
+commits make many small fragments, which slow reads down; the writer compacts them every
+``COMPACT_EVERY`` episodes and on close.
+
+Lance is not fork-safe: a process forked after this one opened a dataset crashes when it reads.
+``opened_in_this_process()`` tells the DataLoader factory whether it may still fork.
+"""
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+
+from swmcli.core.storage import (
+    build_metadata,
+    check_keys,
+    check_metadata,
+    check_schema,
+    episode_schema,
+    is_image,
+    nbytes_under,
+    offsets_from_lengths,
+    schema_from_json,
+    take_rows,
+)
+from swmcli.errors import DatasetError
+
+COMPACT_EVERY = 64
+PIXEL_ENCODING = "raw uint8, zstd"
+_STORAGE_VERSION = "2.1"
+# Aim for fragments of about this many bytes when compacting (rows of 224x224 pixels: ~1,700).
+_FRAGMENT_BYTES = 256 * 2**20
+_TAKE_BYTES = 4 * 2**20
+_DAMAGED_HINT = "the dataset is damaged (a missing or truncated file): restore it or collect again"
+_opened = False
+
+
+def opened_in_this_process() -> bool:
+    """True once this process has opened a Lance dataset (forking is unsafe from then on)."""
+    return _opened
+
+
+def _mark_opened() -> None:
+    global _opened
+    _opened = True
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
+
+
+def _arrow_schema(schema, metadata: dict):
+    import pyarrow as pa
+
+    fields = [pa.field("episode_idx", pa.int64()), pa.field("step_idx", pa.int32())]
+    for key, (dtype, shape) in schema.items():
+        if is_image(shape):
+            compression = {"lance-encoding:compression": "zstd"}
+            fields.append(pa.field(key, pa.large_binary(), metadata=compression))
+        elif shape:
+            item = pa.from_numpy_dtype(dtype)
+            fields.append(pa.field(key, pa.list_(item, int(np.prod(shape)))))
+        else:
+            fields.append(pa.field(key, pa.from_numpy_dtype(dtype)))
+    return pa.schema(fields, metadata={"swm": json.dumps(metadata)})
+
+
+def _to_arrow(values: np.ndarray, shape: tuple[int, ...]):
+    import pyarrow as pa
+
+    rows = len(values)
+    values = np.ascontiguousarray(values)
+    if is_image(shape):
+        row_bytes = values.nbytes // rows
+        offsets = np.arange(rows + 1, dtype=np.int64) * row_bytes
+        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(values.reshape(-1).view(np.uint8))]
+        return pa.LargeBinaryArray.from_buffers(pa.large_binary(), rows, buffers)
+    if shape:
+        return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), int(np.prod(shape)))
+    return pa.array(values)
+
+
+def _from_arrow(column, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Arrow column -> ``(rows, *shape)`` array of ``dtype`` (copies only what Arrow must)."""
+    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    rows = len(array)
+    if is_image(shape):
+        first = array.offset
+        offsets = np.frombuffer(array.buffers()[1], np.int64)[first : first + rows + 1]
+        data = np.frombuffer(array.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
+        return data.view(dtype).reshape(rows, *shape)
+    if shape:
+        return array.flatten().to_numpy(zero_copy_only=False).astype(dtype).reshape(rows, *shape)
+    return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
+class LanceReader:
+    """Reads a swm Lance dataset; rows are fetched with ``take`` (only the rows asked for)."""
+
+    format = "lance"
+
+    def __init__(self, path: Path):
+        import lance
+
+        self.path = Path(path)
+        _mark_opened()
+        try:
+            self._dataset = lance.dataset(str(self.path))
+            raw = (self._dataset.schema.metadata or {}).get(b"swm")
+        except Exception as error:
+            raise DatasetError(
+                f"cannot open Lance dataset {self.path}: {_first_line(error)}", _DAMAGED_HINT
+            ) from error
+        if raw is None:
+            raise DatasetError(
+                f"{self.path} is a Lance dataset but was not written by swm (no swm metadata)",
+                hint="write it with swmcli.open_writer or `swm collect`",
+            )
+        self.metadata = json.loads(raw)
+        self.keys = schema_from_json(self.metadata["keys"])
+        self._check_files()
+        self.num_steps = self._dataset.count_rows()
+        self._lengths: np.ndarray | None = None
+
+    def _check_files(self) -> None:
+        """Refuse at open, not mid-training, a dataset whose manifest names a missing file."""
+        for fragment in self._dataset.get_fragments():
+            for data_file in fragment.data_files():
+                if not (self.path / "data" / data_file.path).is_file():
+                    raise DatasetError(
+                        f"{self.path} is missing its data file {data_file.path}", _DAMAGED_HINT
+                    )
+
+    @property
+    def index_token(self) -> str:
+        """Changes whenever the dataset does: keys the episode-index cache."""
+        stamp = (self.path / "_versions").stat().st_mtime_ns
+        return f"lance:{self._dataset.version}:{self.num_steps}:{stamp}"
+
+    @property
+    def episode_lengths(self) -> np.ndarray:
+        """Rows of each episode (scans the small ``episode_idx`` column once)."""
+        if self._lengths is None:
+            table = self._guard(lambda: self._dataset.to_table(columns=["episode_idx"]))
+            self.set_episode_lengths(_lengths_from_ids(table.column(0).to_numpy(), self.path))
+        return self._lengths
+
+    def set_episode_lengths(self, lengths: np.ndarray) -> None:
+        """Use a cached episode index instead of scanning."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if int(lengths.sum()) != self.num_steps:
+            raise DatasetError(f"episode index of {self.path} does not match its rows")
+        self._lengths = lengths
+        self._offsets = offsets_from_lengths(lengths)
+
+    @property
+    def episode_offsets(self) -> np.ndarray:
+        """First global row of each episode."""
+        self.episode_lengths  # noqa: B018 - builds the index on first use
+        return self._offsets
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episode_lengths)
+
+    @property
+    def nbytes_on_disk(self) -> int:
+        return nbytes_under(self.path)
+
+    def _guard(self, read):
+        try:
+            return read()
+        except Exception as error:
+            raise DatasetError(
+                f"cannot read {self.path}: {_first_line(error)}", _DAMAGED_HINT
+            ) from error
+
+    def _take(self, rows: np.ndarray, columns: list[str]):
+        return self._guard(lambda: self._dataset.take(rows, columns=columns))
+
+    def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``rows`` (global, any order, repeats allowed) of ``key``, in that order (into
+        ``out`` when given)."""
+        check_keys(self.keys, [key], self.path)
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_steps):
+            raise IndexError(f"rows out of range 0..{self.num_steps - 1}")
+        dtype, shape = self.keys[key]
+        if not is_image(shape):
+            values = _from_arrow(self._take(rows, [key]).column(0), dtype, shape)
+            return take_rows(values, None, out)
+        if out is None:
+            out = np.empty((len(rows), *shape), dtype)
+        # Takes of a few MiB, in row order: the allocator reuses their buffers, where one take of
+        # a whole batch (~38 MiB at 224x224) maps fresh pages every time (2x the CPU, measured
+        # here), and Lance takes sorted rows in about 60% of the time of shuffled ones.
+        order = np.argsort(rows, kind="stable")
+        piece = max(1, _TAKE_BYTES // (np.dtype(dtype).itemsize * int(np.prod(shape))))
+        for start in range(0, len(rows), piece):
+            positions = order[start : start + piece]
+            column = self._take(rows[positions], [key]).column(0)
+            out[positions] = _from_arrow(column, dtype, shape)
+        return out
+
+    def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
+        """Episode ``index`` as ``{key: (length, ...)}`` (all keys unless ``keys`` is given)."""
+        keys = check_keys(self.keys, keys, self.path)
+        start, length = int(self.episode_offsets[index]), int(self.episode_lengths[index])
+        table = self._take(np.arange(start, start + length, dtype=np.int64), keys)
+        return {k: _from_arrow(table.column(k), *self.keys[k]).copy() for k in keys}
+
+    def close(self) -> None:
+        self._dataset = None
+
+
+def _lengths_from_ids(ids: np.ndarray, where: Path) -> np.ndarray:
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if ids[0] != 0 or np.any(np.diff(ids) < 0):
+        raise DatasetError(f"{where}: episode_idx is not in episode order", _DAMAGED_HINT)
+    lengths = np.bincount(ids).astype(np.int64)
+    if np.any(lengths == 0):
+        raise DatasetError(f"{where}: episodes are missing from episode_idx", _DAMAGED_HINT)
+    return lengths
+
+
+class LanceWriter:
+    """Appends whole episodes, one Lance commit each; compacts fragments as it goes."""
+
+    format = "lance"
+
+    def __init__(self, path: Path, metadata: dict, append: bool):
+        self.path = Path(path)
+        self._user_metadata = metadata
+        self.schema = None
+        self._arrow = None
+        self.num_episodes = 0
+        self.num_steps = 0
+        self._uncompacted = 0
+        if append:
+            self._resume()
+
+    def _resume(self) -> None:
+        reader = LanceReader(self.path)
+        check_metadata(reader.metadata, self._user_metadata, self.path)
+        self.schema = reader.keys
+        self._arrow = reader._dataset.schema
+        self.num_steps = reader.num_steps
+        if self.num_steps:
+            last = reader._take(np.array([self.num_steps - 1]), ["episode_idx"]).column(0)
+            self.num_episodes = int(last[0].as_py()) + 1
+        reader.close()
+
+    def write_episode(self, episode) -> int:
+        """Append one episode in a single commit; returns its episode_idx."""
+        import lance
+        import pyarrow as pa
+
+        _mark_opened()
+        if self.schema is None:
+            self.schema = episode_schema(episode)
+            meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
+            self._arrow = _arrow_schema(self.schema, meta)
+        check_schema(self.schema, episode, self.path)
+        length = len(next(iter(episode.values())))
+        columns = [
+            pa.array(np.full(length, self.num_episodes, dtype=np.int64)),
+            pa.array(np.arange(length, dtype=np.int32)),
+            *(_to_arrow(np.asarray(episode[k]), shape) for k, (_, shape) in self.schema.items()),
+        ]
+        table = pa.Table.from_arrays(columns, schema=self._arrow)
+        mode = "append" if (self.path / "_versions").is_dir() else "create"
+        lance.write_dataset(table, str(self.path), mode=mode, data_storage_version=_STORAGE_VERSION)
+        self.num_steps += length
+        self.num_episodes += 1
+        self._uncompacted += 1
+        if self._uncompacted >= COMPACT_EVERY:
+            self.compact(cleanup=False)
+        return self.num_episodes - 1
+
+    def compact(self, cleanup: bool) -> None:
+        """Merge small fragments (one commit); ``cleanup`` also deletes superseded files."""
+        import lance
+
+        self._uncompacted = 0
+        if not (self.path / "_versions").is_dir():
+            return
+        dataset = lance.dataset(str(self.path))
+        row_bytes = sum(np.dtype(d).itemsize * int(np.prod(s)) for d, s in self.schema.values())
+        target = max(1024, _FRAGMENT_BYTES // max(row_bytes, 1))
+        if len(dataset.get_fragments()) > 1:
+            dataset.optimize.compact_files(target_rows_per_fragment=target)
+        if cleanup:
+            # Old versions only hold files that compaction replaced: reclaim the disk.
+            lance.dataset(str(self.path)).cleanup_old_versions(older_than=timedelta(0))
+
+    def close(self) -> None:
+        """Compact what is left and free superseded files."""
+        if self._uncompacted:
+            self.compact(cleanup=True)
+
+    def __enter__(self) -> "LanceWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_reader(path: Path) -> LanceReader:
+    """Open a Lance dataset for reading."""
+    return LanceReader(path)
+
+
+def open_writer(path: Path, metadata: dict, append: bool) -> LanceWriter:
+    """Open a Lance dataset for episode-atomic appends."""
+    return LanceWriter(path, metadata, append)

@@ -1,0 +1,105 @@
+"""``convert`` and ``info``: bit-exact round trips between formats, atomic and verified, the source
+never touched, and clear refusals."""
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_storage import assert_same_episode, make_episode
+
+from swmcli.core.storage import detect, open_reader, open_writer
+from swmcli.core.storage.convert import convert, info
+from swmcli.errors import DatasetError
+
+LENGTHS = (6, 3, 11)
+
+
+def write_source(path: Path) -> list[dict]:
+    episodes = [make_episode(seed, length) for seed, length in enumerate(LENGTHS)]
+    meta = {"env_id": "swm/TwoRoom-v0", "resolution": [32, 32], "action_dim": 2}
+    with open_writer(path, mode="error", metadata=meta) as writer:
+        for episode in episodes:
+            writer.write_episode(episode)
+    return episodes
+
+
+def fingerprint(path: Path) -> str:
+    """Names, sizes, mtimes and bytes of every file: changes if anything is touched."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def test_round_trip_lance_hdf5_folder_lance_is_bit_exact(tmp_path):
+    episodes = write_source(tmp_path / "a.lance")
+    source_print = fingerprint(tmp_path / "a.lance")
+    chain = [
+        (tmp_path / "a.lance", tmp_path / "b.h5", None),
+        (tmp_path / "b.h5", tmp_path / "c", "folder"),
+        (tmp_path / "c", tmp_path / "d.lance", None),
+    ]
+    for src, dst, to in chain:
+        result = convert(src, dst, to=to)
+        assert result.fields["verified"] is True
+        assert result.fields["episodes"] == 3 and result.fields["steps"] == sum(LENGTHS)
+        assert result.fields["dst_size_bytes"] > 0 and result.fields["src_size_bytes"] > 0
+    assert [detect(p) for _, p, _ in chain] == ["hdf5", "folder", "lance"]
+    final = open_reader(tmp_path / "d.lance")
+    assert final.metadata["env_id"] == "swm/TwoRoom-v0"
+    for index, episode in enumerate(episodes):
+        assert_same_episode(final.read_episode(index), episode)
+    assert fingerprint(tmp_path / "a.lance") == source_print
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_keys_subset(tmp_path):
+    episodes = write_source(tmp_path / "a.lance")
+    convert(tmp_path / "a.lance", tmp_path / "b.h5", keys=["pixels", "action"])
+    reader = open_reader(tmp_path / "b.h5")
+    assert list(reader.keys) == ["pixels", "action"]
+    assert np.array_equal(reader.read_episode(2)["pixels"], episodes[2]["pixels"])
+
+
+def test_refuses_existing_destination_unless_overwrite(tmp_path):
+    write_source(tmp_path / "a.lance")
+    convert(tmp_path / "a.lance", tmp_path / "b.h5")
+    before = fingerprint(tmp_path / "b.h5")
+    with pytest.raises(DatasetError, match="already exists") as caught:
+        convert(tmp_path / "a.lance", tmp_path / "b.h5")
+    assert caught.value.exit_code == 2 and "--overwrite" in caught.value.hint
+    assert fingerprint(tmp_path / "b.h5") == before
+    convert(tmp_path / "a.lance", tmp_path / "b.h5", keys=["reward"], overwrite=True)
+    assert list(open_reader(tmp_path / "b.h5").keys) == ["reward"]
+    (tmp_path / "precious").mkdir()
+    with pytest.raises(DatasetError, match="not a swm dataset"):
+        convert(tmp_path / "a.lance", tmp_path / "precious", overwrite=True)
+    assert (tmp_path / "precious").is_dir()
+
+
+def test_bad_input_is_one_clear_error(tmp_path):
+    with pytest.raises(DatasetError, match="no dataset at"):
+        convert(tmp_path / "missing.lance", tmp_path / "out.h5")
+    write_source(tmp_path / "a.lance")
+    with pytest.raises(DatasetError, match="no key 'depth'") as caught:
+        convert(tmp_path / "a.lance", tmp_path / "out.h5", keys=["depth"])
+    assert caught.value.exit_code == 2
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_info_shows_format_counts_sizes_and_keys(tmp_path):
+    write_source(tmp_path / "a.lance")
+    result = info(tmp_path / "a.lance")
+    fields = result.fields
+    assert fields["format"] == "lance"
+    assert fields["episodes"] == 3 and fields["steps"] == sum(LENGTHS)
+    assert fields["on_disk_bytes"] > 0
+    assert fields["per_step_bytes"] == fields["on_disk_bytes"] // sum(LENGTHS)
+    assert fields["env_id"] == "swm/TwoRoom-v0"
+    rows = {row[0]: row for row in result.tables[0].rows}
+    assert rows["pixels"][1:] == ["uint8", "(32, 32, 3)", 32 * 32 * 3]
+    assert rows["action"][1:3] == ["float32", "(2,)"]

@@ -1,0 +1,208 @@
+"""Streaming clips from disk: the ReplayBuffer's layout, from any format, through DataLoader
+workers, with clear errors for impossible requests."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_storage import SUFFIX, make_episode
+
+from swmcli.core.buffer import ReplayBuffer
+from swmcli.core.data import load_dataset, make_loader, to_device
+from swmcli.core.storage import FORMATS, open_writer
+from swmcli.errors import DatasetError
+
+LENGTHS = (9, 4, 12, 7)
+
+
+def write_dataset(path, lengths=LENGTHS, fmt=None):
+    with open_writer(path, format=fmt, mode="overwrite", metadata={"env_id": "test"}) as writer:
+        for seed, length in enumerate(lengths):
+            writer.write_episode(make_episode(seed, length))
+    return [make_episode(seed, length) for seed, length in enumerate(lengths)]
+
+
+@pytest.fixture(params=FORMATS)
+def dataset(request, tmp_path):
+    path = tmp_path / f"d{SUFFIX[request.param]}"
+    return path, write_dataset(path, fmt=request.param)
+
+
+def expected_clip(episodes, clip: int, history_len: int, frameskip: int) -> dict:
+    """Clip ``clip`` computed by hand from the episodes (episode order, then start)."""
+    span = history_len * frameskip
+    for episode in episodes:
+        count = max(len(episode["pixels"]) - span + 1, 0)
+        if clip < count:
+            start = clip
+            clip_rows = slice(start, start + span, frameskip)
+            out = {k: v[clip_rows] for k, v in episode.items() if k != "action"}
+            dense = episode["action"][start : start + span]
+            out["action"] = dense.reshape(history_len, frameskip * dense.shape[-1])
+            return out
+        clip -= count
+    raise IndexError(clip)
+
+
+def test_clips_match_hand_computed_layout(dataset):
+    path, episodes = dataset
+    clips = load_dataset(path, history_len=3, frameskip=2)
+    # Episodes of 9, 4, 12, 7 rows hold 4, 0, 7, 2 clips of span 6.
+    assert len(clips) == clips.num_clips == 13
+    for index in range(len(clips)):
+        got, want = clips[index], expected_clip(episodes, index, 3, 2)
+        assert set(got) == set(want)
+        for key in want:
+            assert got[key].dtype == want[key].dtype
+            assert got[key].tobytes() == want[key].tobytes(), (index, key)
+    assert clips[0]["pixels"].shape == (3, 32, 32, 3)
+    assert clips[0]["action"].shape == (3, 4)
+
+
+def test_batch_read_equals_single_reads(dataset):
+    path, _ = dataset
+    clips = load_dataset(path, keys_to_load=["pixels", "action"], history_len=2, frameskip=3)
+    indices = [5, 0, 5, 3]
+    batch = clips.__getitems__(indices)
+    assert set(batch) == {"pixels", "action"}
+    for position, index in enumerate(indices):
+        for key, value in clips[index].items():
+            assert np.array_equal(batch[key][position], value, equal_nan=True)
+
+
+def test_same_layout_as_the_replay_buffer(tmp_path):
+    path = tmp_path / "d.lance"
+    episodes = write_dataset(path)
+    buffer = ReplayBuffer(max_steps=1000, history_len=2, frameskip=2)
+    for episode in episodes:
+        buffer.add_episode(episode)
+    clips = load_dataset(path, history_len=2, frameskip=2)
+    assert clips.num_clips == buffer.num_clips
+    for index in range(clips.num_clips):
+        from_disk, from_buffer = clips[index], buffer[index]
+        assert set(from_disk) == set(from_buffer)
+        for key in from_disk:
+            assert from_disk[key].shape == from_buffer[key].shape, key
+            assert np.array_equal(from_disk[key], from_buffer[key], equal_nan=True), key
+
+
+def test_episode_selection(tmp_path):
+    path = tmp_path / "d.h5"
+    episodes = write_dataset(path)
+    clips = load_dataset(path, history_len=2, episodes=[2])
+    assert clips.num_clips == 11
+    assert np.array_equal(clips[0]["pixels"], episodes[2]["pixels"][:2])
+    with pytest.raises(DatasetError, match="episode indices"):
+        load_dataset(path, episodes=[7])
+
+
+def test_missing_key_and_too_long_clips_are_usage_errors(tmp_path):
+    path = tmp_path / "d.lance"
+    write_dataset(path)
+    with pytest.raises(DatasetError, match="no key 'depth'") as caught:
+        load_dataset(path, keys_to_load=["pixels", "depth"])
+    assert caught.value.exit_code == 2 and "pixels" in caught.value.hint
+    with pytest.raises(DatasetError, match="no clip fits") as caught:
+        load_dataset(path, history_len=7, frameskip=2)
+    assert caught.value.exit_code == 2
+    with pytest.raises(DatasetError, match="no dataset at"):
+        load_dataset(tmp_path / "missing.lance")
+
+
+def test_cache_dir_keeps_the_episode_index(tmp_path, dataset):
+    path, _ = dataset
+    cache = tmp_path / "cache"
+    first = load_dataset(path, history_len=2, cache_dir=cache)
+    files = list(cache.glob("*.npy"))
+    if first.format == "hdf5":
+        assert files == []  # the index lives in the file itself
+        return
+    assert len(files) == 1
+    # A reopen trusts the cache instead of rescanning: a doctored index shows it was used.
+    np.save(files[0], np.array([sum(LENGTHS)], dtype=np.int64))
+    assert load_dataset(path, history_len=2, cache_dir=cache).num_clips == sum(LENGTHS) - 1
+    # Appending an episode changes the dataset's token: the cache is rebuilt, not trusted.
+    with open_writer(path) as writer:
+        writer.write_episode(make_episode(9, 5))
+    assert load_dataset(path, history_len=2, cache_dir=cache).num_clips == first.num_clips + 4
+
+
+# Lance through workers: test_lance_workers_fork_only_while_it_is_safe (a fresh process).
+@pytest.mark.parametrize("fmt", ["hdf5", "folder"])
+def test_loader_with_workers_yields_batches_in_order(tmp_path, fmt):
+    path = tmp_path / f"d{SUFFIX[fmt]}"
+    write_dataset(path, lengths=(30, 30), fmt=fmt)
+    clips = load_dataset(path, history_len=4, frameskip=2)
+    loader = make_loader(clips, batch_size=8, num_workers=2, shuffle=False)
+    assert loader.pin_memory == torch.cuda.is_available()
+    batches = list(loader)
+    assert len(batches) == clips.num_clips // 8
+    first = batches[0]
+    assert first["pixels"].dtype == torch.uint8
+    assert first["pixels"].shape == (8, 4, 32, 32, 3)
+    assert first["action"].shape == (8, 4, 4)
+    want = clips.__getitems__(list(range(8)))
+    for key, value in want.items():
+        assert np.array_equal(first[key].numpy(), value, equal_nan=True)
+
+
+def test_loader_order_is_seeded(tmp_path):
+    path = tmp_path / "d.h5"
+    write_dataset(path)
+    clips = load_dataset(path, keys_to_load=["state"], history_len=2)
+
+    def first_batch(seed):
+        return next(iter(make_loader(clips, batch_size=4, num_workers=0, seed=seed)))["state"]
+
+    assert torch.equal(first_batch(1), first_batch(1))
+    assert not torch.equal(first_batch(1), first_batch(2))
+
+
+def test_loader_over_a_replay_buffer_and_to_device(tmp_path):
+    buffer = ReplayBuffer(max_steps=500, history_len=2, frameskip=1)
+    for seed, length in enumerate(LENGTHS):
+        buffer.add_episode(make_episode(seed, length))
+    loader = make_loader(buffer, batch_size=5, num_workers=2)
+    assert loader.num_workers == 0
+    batch = to_device(next(iter(loader)), "cpu")
+    assert batch["pixels"].dtype == torch.uint8
+    assert batch["pixels"].shape == (5, 2, 32, 32, 3)
+    assert batch["action"].shape == (5, 2, 2)
+
+
+FRESH_PROCESS = """
+import sys
+from swmcli.core.data import load_dataset, make_loader
+clips = load_dataset(sys.argv[1], history_len=2)
+first = make_loader(clips, batch_size=4, num_workers=2, shuffle=False)
+second = make_loader(clips, batch_size=4, num_workers=1, shuffle=False)
+batch = next(iter(first))
+same = (batch["pixels"].numpy() == clips.__getitems__([0, 1, 2, 3])["pixels"]).all()
+# clips.__getitems__ opened Lance here: the second loader, built before that, must not fork now.
+again = next(iter(second))
+same = same and (again["pixels"] == batch["pixels"]).all().item()
+methods = [loader.multiprocessing_context.get_start_method() for loader in (first, second)]
+print(*methods, tuple(batch["pixels"].shape), same)
+"""
+
+
+def test_lance_workers_fork_only_while_it_is_safe(tmp_path):
+    """A fresh process (`swm train` after `swm collect`) forks its workers (fast); once it has
+    opened Lance itself, a loader starting workers uses forkserver instead (no crash)."""
+    path = tmp_path / "d.lance"
+    write_dataset(path, lengths=(20,))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fork", "forkserver", "(4,", "2,", "32,", "32,", "3)", "True"]
+    assert "fork-safe" not in done.stderr

@@ -1,0 +1,297 @@
+"""On-disk datasets: every format round-trips episodes bit for bit, survives SIGKILL, and turns
+bad input into one clear DatasetError."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from swmcli.core.storage import FORMATS, detect, iter_episodes, open_reader, open_writer
+from swmcli.errors import DatasetError
+
+SUFFIX = {"lance": ".lance", "hdf5": ".h5", "folder": ""}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_episode(seed: int, length: int, resolution: int = 32) -> dict[str, np.ndarray]:
+    """A collect-like episode: random pixels, NaN last action, state and goal."""
+    rng = np.random.default_rng(seed)
+    action = rng.standard_normal((length, 2)).astype(np.float32)
+    action[-1] = np.nan
+    truncated = np.zeros(length, dtype=bool)
+    truncated[-1] = True
+    return {
+        "pixels": rng.integers(0, 256, (length, resolution, resolution, 3), dtype=np.uint8),
+        "action": action,
+        "reward": rng.standard_normal(length).astype(np.float32),
+        "terminated": np.zeros(length, dtype=bool),
+        "truncated": truncated,
+        "state": rng.standard_normal((length, 2)).astype(np.float32),
+        "goal": rng.standard_normal((length, 2)).astype(np.float32),
+    }
+
+
+def assert_same_episode(got: dict, want: dict) -> None:
+    assert list(got) == list(want)
+    for key in want:
+        assert got[key].dtype == want[key].dtype, key
+        assert got[key].shape == want[key].shape, key
+        assert got[key].tobytes() == want[key].tobytes(), key  # bit-exact, NaNs included
+
+
+def write(path: Path, episodes, fmt: str | None = None, mode: str = "append") -> None:
+    meta = {"env_id": "swm/TwoRoom-v0", "action_dim": 2}
+    with open_writer(path, format=fmt, mode=mode, metadata=meta) as writer:
+        for episode in episodes:
+            writer.write_episode(episode)
+
+
+@pytest.fixture(params=FORMATS)
+def fmt(request) -> str:
+    return request.param
+
+
+def dataset_path(tmp_path: Path, fmt: str) -> Path:
+    return tmp_path / f"data{SUFFIX[fmt]}"
+
+
+def test_round_trip_is_bit_exact(tmp_path, fmt):
+    episodes = [make_episode(seed, length) for seed, length in enumerate((5, 9, 1, 12))]
+    path = dataset_path(tmp_path, fmt)
+    write(path, episodes, fmt)
+    assert detect(path) == fmt
+    reader = open_reader(path)
+    assert reader.num_episodes == 4 and reader.num_steps == 27
+    assert reader.episode_lengths.tolist() == [5, 9, 1, 12]
+    assert reader.episode_offsets.tolist() == [0, 5, 14, 15]
+    assert reader.keys["pixels"] == (np.dtype(np.uint8), (32, 32, 3))
+    assert reader.metadata["env_id"] == "swm/TwoRoom-v0"
+    assert reader.metadata["resolution"] == [32, 32]
+    assert reader.metadata["format_version"] == 1
+    assert {"pixel_encoding", "swm_version", "action_dim"} <= set(reader.metadata)
+    for index, episode in enumerate(episodes):
+        assert_same_episode(reader.read_episode(index), episode)
+    assert list(reader.read_episode(1, keys=["reward"])) == ["reward"]
+    assert reader.nbytes_on_disk > 0
+
+
+def test_iter_episodes_streams_a_selection(tmp_path, fmt):
+    episodes = [make_episode(seed, 3 + seed) for seed in range(4)]
+    path = dataset_path(tmp_path, fmt)
+    write(path, episodes, fmt)
+    got = list(iter_episodes(path, keys=["pixels", "action"], episodes=[3, 1]))
+    assert [len(e["pixels"]) for e in got] == [6, 4]
+    assert_same_episode(got[0], {k: episodes[3][k] for k in ("pixels", "action")})
+
+
+def test_read_rows_any_order_with_repeats(tmp_path, fmt):
+    episodes = [make_episode(seed, 10) for seed in range(3)]
+    path = dataset_path(tmp_path, fmt)
+    write(path, episodes, fmt)
+    reader = open_reader(path)
+    rows = np.array([29, 3, 3, 17, 0, 10])
+    for key in ("pixels", "action", "truncated"):
+        every = np.concatenate([e[key] for e in episodes])
+        assert reader.read_rows(key, rows).tobytes() == every[rows].tobytes()
+
+
+def test_read_rows_across_many_chunks(tmp_path, fmt):
+    """Rows scattered over more rows than one HDF5 chunk (4,096) of small keys."""
+    rng = np.random.default_rng(0)
+    episodes = [{"state": rng.standard_normal((900, 2)).astype(np.float32)} for _ in range(6)]
+    path = dataset_path(tmp_path, fmt)
+    write(path, episodes, fmt)
+    every = np.concatenate([e["state"] for e in episodes])
+    rows = rng.integers(0, len(every), 300)
+    assert np.array_equal(open_reader(path).read_rows("state", rows), every[rows])
+
+
+def test_append_continues_numbering_and_checks_schema(tmp_path, fmt):
+    path = dataset_path(tmp_path, fmt)
+    write(path, [make_episode(0, 4)], fmt)
+    with open_writer(path, mode="append") as writer:
+        assert writer.num_episodes == 1 and writer.num_steps == 4
+        assert writer.write_episode(make_episode(1, 6)) == 1
+        with pytest.raises(DatasetError, match="schema") as caught:
+            writer.write_episode(make_episode(2, 6, resolution=16))
+        assert caught.value.exit_code == 2
+    reader = open_reader(path)
+    assert reader.episode_lengths.tolist() == [4, 6]
+    assert_same_episode(reader.read_episode(1), make_episode(1, 6))
+
+
+def test_modes_error_and_overwrite(tmp_path, fmt):
+    path = dataset_path(tmp_path, fmt)
+    write(path, [make_episode(0, 4)], fmt)
+    with pytest.raises(DatasetError, match="already exists") as caught:
+        open_writer(path, mode="error")
+    assert caught.value.exit_code == 2 and "--overwrite" in caught.value.hint
+    write(path, [make_episode(5, 7)], fmt, mode="overwrite")
+    reader = open_reader(path)
+    assert reader.episode_lengths.tolist() == [7]
+
+
+def test_format_from_suffix_then_existing_then_lance(tmp_path):
+    write(tmp_path / "a.h5", [make_episode(0, 3)])
+    assert detect(tmp_path / "a.h5") == "hdf5"
+    write(tmp_path / "plain", [make_episode(0, 3)])
+    assert detect(tmp_path / "plain") == "lance"
+    write(tmp_path / "f", [make_episode(0, 3)], fmt="folder")
+    write(tmp_path / "f", [make_episode(1, 3)])  # appends in the existing format
+    assert open_reader(tmp_path / "f").num_episodes == 2
+    (tmp_path / "made-ahead").mkdir()  # an empty directory is no dataset, but not in the way
+    write(tmp_path / "made-ahead", [make_episode(0, 3)], fmt="folder")
+    assert detect(tmp_path / "made-ahead") == "folder"
+
+
+def test_lance_is_readable_without_swm(tmp_path):
+    import lance
+    import lancedb
+
+    path = tmp_path / "db" / "episodes.lance"
+    episodes = [make_episode(seed, 5) for seed in range(3)]
+    write(path, episodes)
+    table = lance.dataset(str(path)).to_table()
+    assert table.num_rows == 15
+    assert table.column("episode_idx").to_pylist() == [0] * 5 + [1] * 5 + [2] * 5
+    frame = np.frombuffer(table.column("pixels")[7].as_py(), np.uint8).reshape(32, 32, 3)
+    assert np.array_equal(frame, episodes[1]["pixels"][2])
+    assert lancedb.connect(tmp_path / "db").open_table("episodes").count_rows() == 15
+
+
+def test_lance_compacts_small_appends(tmp_path):
+    import lance
+
+    path = tmp_path / "d.lance"
+    write(path, [make_episode(seed, 3) for seed in range(10)])
+    assert len(lance.dataset(str(path)).get_fragments()) == 1
+
+
+def test_hdf5_is_plain_h5py_with_episode_offsets(tmp_path):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(seed, n) for seed, n in enumerate((3, 5))])
+    with h5py.File(path, "r") as file:
+        assert file["episode_offsets"][:].tolist() == [0, 3]
+        assert file["episode_idx"][:].tolist() == [0] * 3 + [1] * 5
+        assert file["pixels"].chunks == (1, 32, 32, 3)
+        assert file["pixels"].compression == "gzip"
+    # The HDF5 command-line tools read it too (HDF5 1.10 on Debian 12), gzip chunks included.
+    if shutil.which("h5ls"):
+        listing = subprocess.run(["h5ls", "-r", str(path)], capture_output=True, text=True)
+        assert "ERROR" not in listing.stdout and "/pixels" in listing.stdout
+    if shutil.which("h5dump"):
+        command = ["h5dump", "-d", "/pixels", "-c", "1,1,1,3", str(path)]
+        dump = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        first = make_episode(0, 3)["pixels"][0, 0, 0]
+        assert ", ".join(map(str, first)) in dump
+
+
+def test_missing_path_and_other_formats_are_clear_errors(tmp_path):
+    with pytest.raises(DatasetError, match="no dataset at"):
+        open_reader(tmp_path / "nope.lance")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("hello")
+    for path in (tmp_path / "empty", tmp_path / "notes.txt"):
+        with pytest.raises(DatasetError, match="not a swm dataset"):
+            open_reader(path)
+
+
+def test_truncated_hdf5_is_a_clear_error(tmp_path):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(seed, 20) for seed in range(3)])
+    size = path.stat().st_size
+    with path.open("r+b") as handle:
+        handle.truncate(size // 2)
+    with pytest.raises(DatasetError, match="cannot") as caught:
+        reader = open_reader(path)
+        for index in range(reader.num_episodes):
+            reader.read_episode(index)
+    assert caught.value.exit_code == 1
+
+
+def test_lance_missing_fragment_is_a_clear_error(tmp_path):
+    path = tmp_path / "d.lance"
+    write(path, [make_episode(seed, 4) for seed in range(2)])
+    for file in (path / "data").iterdir():
+        file.unlink()
+    with pytest.raises(DatasetError, match="missing its data file"):
+        open_reader(path)
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    from test_storage import make_episode
+    from swmcli.core.storage import open_writer
+
+    writer = open_writer({path!r}, format={fmt!r}, mode="append")
+    for index in range(writer.num_episodes, 10_000):
+        writer.write_episode(make_episode(index, 7 + index % 5))
+        print(index, flush=True)
+    """
+)
+
+
+def start_writer(path: Path, fmt: str) -> subprocess.Popen:
+    """A writer process appending episodes forever, printing each committed index."""
+    script = WRITER.format(tests=str(REPO / "tests"), path=str(path), fmt=fmt)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env
+    )
+
+
+def run_writer_and_kill(path: Path, fmt: str, episodes: int) -> int:
+    """Start a writer appending episodes forever; SIGKILL it once ``episodes`` are committed."""
+    process = start_writer(path, fmt)
+    committed = -1
+    deadline = time.monotonic() + 60
+    while committed < episodes - 1 and time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        committed = int(line)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert committed >= episodes - 1, "the writer did not get going"
+    return committed + 1
+
+
+def test_sigkill_mid_run_keeps_every_finished_episode(tmp_path, fmt):
+    path = dataset_path(tmp_path, fmt)
+    finished = run_writer_and_kill(path, fmt, episodes=5)
+    reader = open_reader(path)
+    # Episodes printed before the kill are there; one more may have committed before its print.
+    assert finished <= reader.num_episodes <= finished + 1
+    for index in range(reader.num_episodes):
+        assert_same_episode(reader.read_episode(index), make_episode(index, 7 + index % 5))
+    reader.close()
+    # Appending resumes where the last committed episode ended.
+    survived = reader.num_episodes
+    with open_writer(path, mode="append") as writer:
+        assert writer.write_episode(make_episode(survived, 7 + survived % 5)) == survived
+    reader = open_reader(path)
+    assert reader.num_episodes == survived + 1
+    assert_same_episode(reader.read_episode(survived), make_episode(survived, 7 + survived % 5))
+
+
+def test_hdf5_refuses_a_second_writer_while_one_is_live(tmp_path):
+    path = tmp_path / "d.h5"
+    process = start_writer(path, "hdf5")
+    try:
+        assert process.stdout.readline()  # one episode committed: the writer is live
+        with pytest.raises(DatasetError, match="open for writing by another process"):
+            open_writer(path, mode="append")
+        assert open_reader(path).num_episodes >= 1  # readers are welcome meanwhile
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
