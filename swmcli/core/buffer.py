@@ -401,14 +401,17 @@ class ReplayBuffer:
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         """Clip ``index`` (0 <= index < num_clips), laid out as one row of ``sample()``."""
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices) -> list[dict[str, np.ndarray]]:
+        """Clips ``indices``, read in one gather (a DataLoader calls this for a whole batch)."""
         total = self.num_clips
-        index = int(index)
-        if index < 0:
-            index += total
-        if not 0 <= index < total:
-            raise IndexError(f"clip {index} out of range: the buffer holds {total} clips")
-        starts = locate_clips(np.array([index]), *self._clip_index())
-        return {key: value[0] for key, value in self._gather(starts, None).items()}
+        indices = np.asarray(indices, dtype=np.int64)
+        indices = np.where(indices < 0, indices + total, indices)
+        if indices.size and not (indices.min() >= 0 and indices.max() < total):
+            raise IndexError(f"clip index out of range: the buffer holds {total} clips")
+        batch = self._gather(locate_clips(indices, *self._clip_index()), None)
+        return [{key: value[i] for key, value in batch.items()} for i in range(len(indices))]
 
     def __repr__(self) -> str:
         return (
