@@ -39,6 +39,18 @@ Sets = Annotated[
     typer.Option("--set", help="override one setting, e.g. --set train.lr=1e-3 (repeatable)"),
 ]
 Json = Annotated[bool, typer.Option("--json", help="print the result as one JSON object")]
+Resolution = Annotated[int | None, typer.Option(help="frame side in pixels")]
+MaxSteps = Annotated[int | None, typer.Option(help="ReplayBuffer cap in steps")]
+BatchSize = Annotated[int | None, typer.Option(help="clips per optimizer step")]
+HistoryLen = Annotated[int | None, typer.Option(help="observations per clip")]
+Frameskip = Annotated[int | None, typer.Option(help="observation stride (actions stay dense)")]
+Bf16 = Annotated[bool | None, typer.Option("--bf16/--fp32", help="bf16 autocast")]
+Compile = Annotated[bool | None, typer.Option("--compile/--eager", help="torch.compile")]
+
+
+def _examples(*commands: str) -> str:
+    """A command's --help epilog: real examples, one per paragraph."""
+    return "Examples:\n\n" + "\n\n".join(f"  {command}" for command in commands)
 
 
 @contextmanager
@@ -111,17 +123,18 @@ def _root(
 
 
 @app.command(
-    epilog="Examples:\n\n"
-    "  swm collect --preset tiny\n\n"
-    "  swm collect --episodes 200 --resolution 64 --out data/tworoom.lance\n\n"
-    "  swm collect --env CartPole-v1 --policy random --steps 5000 --format hdf5 --out data/cp.h5"
+    epilog=_examples(
+        "swm collect --preset tiny",
+        "swm collect --episodes 200 --resolution 64 --out data/tworoom.lance",
+        "swm collect --env CartPole-v1 --policy random --steps 5000 --format hdf5 --out data/cp.h5",
+    )
 )
 def collect(
     env: Annotated[str | None, typer.Option(help="gymnasium id (default swm/TwoRoom-v0)")] = None,
     episodes: Annotated[int | None, typer.Option(help="finished episodes to collect")] = None,
     steps: Annotated[int | None, typer.Option(help="collect exactly this many steps")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="ReplayBuffer cap in steps")] = None,
-    resolution: Annotated[int | None, typer.Option(help="frame side in pixels")] = None,
+    max_steps: MaxSteps = None,
+    resolution: Resolution = None,
     policy: Annotated[str | None, typer.Option(help="expert or random")] = None,
     out: Annotated[Path | None, typer.Option(help="dataset path (appends if it exists)")] = None,
     format: Annotated[str | None, typer.Option(help="lance, hdf5 or folder")] = None,
@@ -154,10 +167,11 @@ def collect(
 
 
 @app.command(
-    epilog="Examples:\n\n"
-    "  swm convert data/tworoom.lance data/tworoom.h5\n\n"
-    "  swm convert data/tworoom.h5 data/frames --to folder --keys pixels,action\n\n"
-    "  swm convert data/a.lance data/a.h5 --overwrite"
+    epilog=_examples(
+        "swm convert data/tworoom.lance data/tworoom.h5",
+        "swm convert data/tworoom.h5 data/frames --to folder --keys pixels,action",
+        "swm convert data/a.lance data/a.h5 --overwrite",
+    )
 )
 def convert(
     src: Annotated[Path, typer.Argument(help="dataset to read (never modified)")],
@@ -183,7 +197,11 @@ def convert(
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
 
 
-@app.command(epilog="Example:\n\n  swm info data/tworoom.lance")
+@app.command(
+    epilog=_examples(
+        "swm info data/tworoom.lance",
+    )
+)
 def info(
     path: Annotated[Path, typer.Argument(help="a dataset (lance, hdf5 or folder)")],
     as_json: Json = False,
@@ -200,20 +218,21 @@ def info(
 
 
 @app.command(
-    epilog="Examples:\n\n"
-    "  swm train --preset tiny\n\n"
-    "  swm train --data data/tworoom.lance --steps 3000 --batch-size 64 --out runs/tr64\n\n"
-    "  swm train --preset gpu24-224-bf16 --bf16 --compile\n\n"
-    "  swm train --preset tiny --resume"
+    epilog=_examples(
+        "swm train --preset tiny",
+        "swm train --data data/tworoom.lance --steps 3000 --batch-size 64 --out runs/tr64",
+        "swm train --preset gpu24-224-bf16 --bf16 --compile",
+        "swm train --preset tiny --resume",
+    )
 )
 def train(
     data: Annotated[Path | None, typer.Option(help="dataset to stream clips from")] = None,
     steps: Annotated[int | None, typer.Option(help="optimizer steps")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="clips per optimizer step")] = None,
-    history_len: Annotated[int | None, typer.Option(help="observations per clip")] = None,
-    frameskip: Annotated[int | None, typer.Option(help="observation stride")] = None,
-    bf16: Annotated[bool | None, typer.Option("--bf16/--fp32", help="bf16 autocast")] = None,
-    compile: Annotated[bool | None, typer.Option("--compile/--eager", help="torch.compile")] = None,
+    batch_size: BatchSize = None,
+    history_len: HistoryLen = None,
+    frameskip: Frameskip = None,
+    bf16: Bf16 = None,
+    compile: Compile = None,
     out: Annotated[Path | None, typer.Option(help="run directory")] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="continue from the run's checkpoint")
@@ -250,17 +269,18 @@ def train(
 
 @app.command(
     name="eval",
-    epilog="Examples:\n\n"
-    "  swm eval runs/tiny\n\n"
-    "  swm eval runs/tworoom-64 --episodes 50 --planner mppi\n\n"
-    "  swm eval runs/gpu24-224-bf16 --bf16 --compile --json",
+    epilog=_examples(
+        "swm eval runs/tiny",
+        "swm eval runs/tworoom-64 --episodes 50 --planner mppi",
+        "swm eval runs/gpu24-224-bf16 --bf16 --compile --json",
+    ),
 )
 def eval_(
     run_dir: Annotated[Path, typer.Argument(help="a run directory written by swm train")],
     episodes: Annotated[int | None, typer.Option(help="seeded planning episodes")] = None,
     planner: Annotated[str | None, typer.Option(help="cem or mppi")] = None,
-    bf16: Annotated[bool | None, typer.Option("--bf16/--fp32", help="bf16 autocast")] = None,
-    compile: Annotated[bool | None, typer.Option("--compile/--eager", help="torch.compile")] = None,
+    bf16: Bf16 = None,
+    compile: Compile = None,
     as_json: Json = False,
 ) -> None:
     """Evaluate a run: open-loop prediction error and goal-reaching success with a planner."""
@@ -276,19 +296,20 @@ def eval_(
 
 
 @app.command(
-    epilog="Examples:\n\n"
-    "  swm memprofile --resolution 224 --budget 24GiB\n\n"
-    "  swm memprofile --preset gpu24-224-bf16 --budget 24GiB --ram-budget 64GB --json\n\n"
-    "  swm memprofile --run runs/tiny"
+    epilog=_examples(
+        "swm memprofile --resolution 224 --budget 24GiB",
+        "swm memprofile --preset gpu24-224-bf16 --budget 24GiB --ram-budget 64GB --json",
+        "swm memprofile --run runs/tiny",
+    )
 )
 def memprofile(
     run: Annotated[Path | None, typer.Option(help="profile a trained run's config")] = None,
-    resolution: Annotated[int | None, typer.Option(help="frame side in pixels")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="clips per step")] = None,
-    history_len: Annotated[int | None, typer.Option(help="observations per clip")] = None,
-    frameskip: Annotated[int | None, typer.Option(help="observation stride")] = None,
-    max_steps: Annotated[int | None, typer.Option(help="ReplayBuffer cap in steps")] = None,
-    bf16: Annotated[bool | None, typer.Option("--bf16/--fp32", help="bf16 autocast")] = None,
+    resolution: Resolution = None,
+    batch_size: BatchSize = None,
+    history_len: HistoryLen = None,
+    frameskip: Frameskip = None,
+    max_steps: MaxSteps = None,
+    bf16: Bf16 = None,
     budget: Annotated[str | None, typer.Option(help="GPU memory budget, e.g. 24GiB")] = None,
     ram_budget: Annotated[str | None, typer.Option(help="host RAM budget, e.g. 64GB")] = None,
     snapshot: Annotated[
