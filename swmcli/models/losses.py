@@ -1,0 +1,61 @@
+"""The JEPA loss: MSE to the next latents plus an anti-collapse regularizer on the latents.
+
+Without a regularizer the encoder can map every frame to one point and the prediction error drops
+to zero (collapse). Two regularizers are offered:
+
+- ``sigreg`` (default, LeWM / LeJEPA's Sketched Isotropic Gaussian Regularizer): projects the
+  latents on random unit directions and, for each, measures with the Epps-Pulley statistic how far
+  the empirical characteristic function is from a standard normal's. It pushes the latent
+  distribution towards an isotropic Gaussian, has one weight and no per-term tuning, and its cost
+  is linear in batch size — why LeWM trains end to end with it and no EMA target or stop-gradient.
+- ``vicreg``: a variance hinge (std of each dimension >= 1) plus a covariance penalty (off-diagonal
+  terms to 0): cheaper to read, quadratic in latent_dim, two terms to balance.
+"""
+
+import torch
+
+SIGREG_SLICES = 256  # random directions per step
+SIGREG_KNOTS = 17  # quadrature points t in [0, SIGREG_T_MAX] for the characteristic function
+SIGREG_T_MAX = 3.0
+
+
+def sigreg(latents: torch.Tensor, slices: int = SIGREG_SLICES) -> torch.Tensor:
+    """Epps-Pulley distance of ``latents (N, D)`` from N(0, I), averaged over random 1-D slices.
+
+    The directions come from torch's global generator, which training seeds and checkpoints, so a
+    resumed run draws the same ones.
+    """
+    latents = latents.float()
+    count, dim = latents.shape
+    directions = torch.randn(dim, slices, device=latents.device)
+    directions = directions / directions.norm(dim=0, keepdim=True)
+    projected = latents @ directions  # (N, slices)
+    t = torch.linspace(0.0, SIGREG_T_MAX, SIGREG_KNOTS, device=latents.device)
+    angles = projected.unsqueeze(-1) * t  # (N, slices, knots)
+    gaussian = torch.exp(-0.5 * t**2)  # characteristic function of N(0, 1), also the window
+    real_error = (angles.cos().mean(0) - gaussian) ** 2
+    imag_error = angles.sin().mean(0) ** 2
+    # Trapezoid weights over [0, t_max]; the integrand is even in t, hence the factor 2.
+    weights = torch.full_like(t, SIGREG_T_MAX / (SIGREG_KNOTS - 1))
+    weights[[0, -1]] /= 2
+    statistic = 2 * ((real_error + imag_error) * gaussian * weights).sum(-1) * count
+    return statistic.mean()
+
+
+def vicreg(latents: torch.Tensor) -> torch.Tensor:
+    """Variance hinge plus off-diagonal covariance of ``latents (N, D)`` (VICReg, no invariance)."""
+    latents = latents.float()
+    centred = latents - latents.mean(0)
+    std = torch.sqrt(centred.var(0) + 1e-4)
+    variance = torch.relu(1.0 - std).mean()
+    covariance = (centred.T @ centred) / (len(latents) - 1)
+    off_diagonal = covariance - torch.diag(torch.diagonal(covariance))
+    return 25.0 * variance + off_diagonal.pow(2).sum() / latents.shape[1]
+
+
+REGULARIZERS = {"sigreg": sigreg, "vicreg": vicreg}
+
+
+def prediction_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean squared error between predicted and actual next latents (in float32)."""
+    return torch.nn.functional.mse_loss(predicted.float(), target.float())

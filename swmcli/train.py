@@ -1,0 +1,367 @@
+"""`swm train`: train the JEPA world model on clips streamed from a dataset on disk.
+
+The loop reads top to bottom: open the dataset (held-out episodes excluded), build the model and
+AdamW, restore a checkpoint if resuming, then for each step run ``grad_accum`` micro-batches under
+the runner's autocast, clip gradients, step, log, and checkpoint every ``checkpoint_every`` steps.
+
+Reproducible: the clip order of every step is a function of (seed, step) (see ``clip_order``), the
+model init and SIGReg's random directions come from torch's seeded generator, and checkpoints
+carry that generator's state, so ``--resume`` continues with exactly the losses an uninterrupted
+run would have had. Only the current batches are in memory: the DataLoader reads clips lazily.
+"""
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from swmcli.config import SwmConfig, load_run_config, save_config
+from swmcli.errors import DatasetError, UsageError
+from swmcli.models.checkpoint import checkpoint_path
+from swmcli.report import CommandResult, info, progress
+
+METRICS_FILE = "metrics.jsonl"
+LOSS_CURVE_FILE = "loss_curve.png"
+TRAIN_KEYS = ["pixels", "action"]  # the only keys the loss reads: the loader fetches nothing else
+WARMUP_FRACTION = 0.05
+FINAL_LR_FRACTION = 0.1
+
+
+def learning_rate(step: int, total_steps: int, peak: float) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay to 10% of ``peak``."""
+    warmup = max(1, int(WARMUP_FRACTION * total_steps))
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress_done = (step - warmup) / max(1, total_steps - warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress_done)))
+    return peak * (FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * cosine)
+
+
+def clip_order(num_clips: int, clips_per_step: int, first_step: int, last_step: int, seed: int):
+    """Clip indices for steps ``first_step .. last_step-1``, ``clips_per_step`` per step.
+
+    Epochs are permutations drawn from ``(seed, epoch)``, so a step's clips do not depend on
+    where a previous process stopped: resuming at step k reads what step k would have read.
+    """
+    begin, end = first_step * clips_per_step, last_step * clips_per_step
+    parts, epoch = [], begin // num_clips
+    while epoch * num_clips < end:
+        permutation = np.random.default_rng([seed, epoch]).permutation(num_clips)
+        low = max(begin - epoch * num_clips, 0)
+        high = min(end - epoch * num_clips, num_clips)
+        parts.append(permutation[low:high])
+        epoch += 1
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def open_training_data(cfg: SwmConfig):
+    """The clips to train on (all episodes but the last ``eval.heldout_episodes``).
+
+    Returns ``(dataset, episodes, metadata)``. The dataset is indexed by ``load_dataset`` itself
+    (not by opening a reader here), so this process stays safe to fork DataLoader workers from.
+    """
+    from swmcli.core.data import load_dataset
+
+    def load(episodes):
+        return load_dataset(
+            cfg.data.path,
+            keys_to_load=TRAIN_KEYS,
+            history_len=cfg.data.history_len,
+            frameskip=cfg.data.frameskip,
+            cache_dir=cfg.data.cache_dir,
+            episodes=episodes,
+        )
+
+    everything = load(None)
+    total = len(everything.episode_lengths)
+    keep = total - cfg.eval.heldout_episodes
+    if keep < 1:
+        raise DatasetError(
+            f"{cfg.data.path} has {total} episodes; {cfg.eval.heldout_episodes} are held out "
+            "for evaluation, leaving none to train on",
+            hint="collect more episodes or lower eval.heldout_episodes",
+        )
+    episodes = list(range(keep))
+    return load(episodes), episodes, dict(everything.metadata)
+
+
+def _prepare_run(cfg: SwmConfig, resume: bool) -> SwmConfig:
+    """The config this run trains with, saved into the run directory.
+
+    A fresh run refuses a directory that already has a checkpoint. A resumed run takes the saved
+    config (the model must match its checkpoint) and trains to its planned steps, or to
+    ``cfg.train.steps`` when that is larger (``--steps`` extends a run).
+    """
+    run_dir = Path(cfg.train.out)
+    if resume:
+        saved = load_run_config(run_dir)
+        saved.train.steps = max(saved.train.steps, cfg.train.steps)
+        cfg = saved
+    elif checkpoint_path(run_dir).exists():
+        raise UsageError(
+            f"{run_dir} already holds a trained run",
+            hint="pass --resume to continue it, or --out for a new run directory",
+        )
+    # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
+    cfg.data.path = Path(cfg.data.path).resolve()
+    save_config(cfg, run_dir)
+    return cfg
+
+
+def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
+    """``build_world_model``'s keyword arguments for this config and dataset."""
+    return {
+        "resolution": int(metadata["resolution"]),
+        "action_dim": int(metadata["action_dim"]),
+        "frameskip": cfg.data.frameskip,
+        "history_len": cfg.data.history_len,
+    }
+
+
+def _build(cfg: SwmConfig, metadata: dict[str, Any]):
+    import torch
+
+    from swmcli.models import build_world_model
+
+    torch.manual_seed(cfg.train.seed)
+    model = build_world_model(cfg.model, **model_args(cfg, metadata))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
+    )
+    return model, optimizer
+
+
+def _loader(cfg: SwmConfig, dataset, first_step: int):
+    """A DataLoader yielding the batches of steps ``first_step .. train.steps-1`` in order.
+
+    ``make_loader`` chooses the worker start method, pinning and prefetching; the batches follow
+    ``clip_order`` instead of its shuffled sampler, so that a resumed run reads what an
+    uninterrupted one would have.
+    """
+    from torch.utils.data import BatchSampler, DataLoader
+
+    from swmcli.core.data import make_loader
+
+    settings = make_loader(
+        dataset,
+        cfg.train.batch_size,
+        num_workers=cfg.data.num_workers,
+        shuffle=False,
+        seed=cfg.train.seed,
+        prefetch_factor=cfg.data.prefetch_factor,
+    )
+    per_step = cfg.train.batch_size * cfg.train.grad_accum
+    order = clip_order(len(dataset), per_step, first_step, cfg.train.steps, cfg.train.seed)
+    workers = {}
+    if settings.num_workers > 0:
+        workers = {
+            "multiprocessing_context": settings.multiprocessing_context,
+            "persistent_workers": True,
+            "prefetch_factor": settings.prefetch_factor,
+        }
+    loader = DataLoader(
+        dataset,
+        batch_sampler=BatchSampler(order.tolist(), cfg.train.batch_size, drop_last=True),
+        num_workers=settings.num_workers,
+        collate_fn=settings.collate_fn,
+        pin_memory=settings.pin_memory,
+        **workers,
+    )
+    return loader
+
+
+def _train_step(model, optimizer, batches, runner, step: int, cfg: SwmConfig) -> dict[str, float]:
+    """One optimizer step over ``grad_accum`` micro-batches; returns the logged figures."""
+    import torch
+
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(step, cfg.train.steps, cfg.train.lr)
+    optimizer.zero_grad(set_to_none=True)
+    totals: dict[str, float] = {"loss": 0.0}
+    for batch in batches:
+        device_batch = runner.to_device(batch)
+        with runner.autocast():
+            loss, parts = model.loss(device_batch)
+        (loss / len(batches)).backward()
+        totals["loss"] += loss.item() / len(batches)
+        for key, value in parts.items():
+            totals[key] = totals.get(key, 0.0) + value.item() / len(batches)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    optimizer.step()
+    return {**totals, "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"]}
+
+
+def _trim_metrics(path: Path, last_step: int) -> None:
+    """Keep the logged steps up to ``last_step``: later ones will be trained again.
+
+    A line cut short by a killed process is dropped too.
+    """
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row["step"] <= last_step:
+            kept.append(line + "\n")
+    path.write_text("".join(kept))
+
+
+def run_train(cfg: SwmConfig, monitor, resume: bool = False) -> CommandResult:
+    """Train (or, with ``resume``, continue training) into the run directory ``cfg.train.out``.
+
+    Writes ``config.json``, ``checkpoint.pt`` (atomic, every ``train.checkpoint_every`` steps and
+    at the end), ``metrics.jsonl`` and ``loss_curve.png``. Phases for the memory report: setup,
+    the first step (including compilation) and the steady state.
+    """
+    from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
+    from swmcli.models.checkpoint import (
+        load_checkpoint,
+        restore_model,
+        restore_rng,
+        save_checkpoint,
+    )
+
+    cfg = _prepare_run(cfg, resume)
+    run_dir = Path(cfg.train.out)
+    runner = make_runner(
+        bf16=cfg.train.bf16, compile=cfg.train.compile, cpu_threads=cfg.train.cpu_threads
+    )
+    untrack_tensors_if_compiling(runner, monitor)
+    compiled = "on" if runner.compile else "off"
+    info(f"device {runner.device}; {runner.dtype_reason}; compile {compiled}")
+    with monitor.phase("setup"):
+        dataset, episodes, metadata = open_training_data(cfg)
+        model, optimizer = _build(cfg, metadata)
+        state = load_checkpoint(run_dir) if resume else None
+        start = state["step"] if state else 0
+        if start >= cfg.train.steps:
+            raise UsageError(
+                f"{run_dir} is already trained to step {start}",
+                hint=f"pass --steps larger than {start} to train further",
+            )
+        if state:
+            restore_model(model, state, checkpoint_path(run_dir))
+        runner.prepare(model)
+        if state:
+            # After .to(device): the optimizer's state must sit where the parameters are.
+            optimizer.load_state_dict(state["optimizer"])
+        loader = _loader(cfg, dataset, start)
+        batches = iter(loader)  # creating the iterator draws a seed from torch's generator ...
+        if state:
+            restore_rng(state)  # ... so the checkpointed state is restored after it
+        _trim_metrics(run_dir / METRICS_FILE, start)
+    model.train()
+    args = model_args(cfg, metadata)
+
+    def checkpoint(step: int) -> None:
+        save_checkpoint(run_dir, model=model, optimizer=optimizer, step=step, model_args=args)
+
+    summary = _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint)
+    draw_loss_curve(run_dir / METRICS_FILE, run_dir / LOSS_CURVE_FILE)
+    parameters = sum(p.numel() for p in model.parameters())
+    return CommandResult(
+        title="swm train",
+        fields={
+            "run_dir": str(run_dir),
+            "steps": cfg.train.steps,
+            "resumed_from_step": start if resume else None,
+            "train_episodes": len(episodes),
+            "train_clips": len(dataset),
+            "parameters": parameters,
+            "device": str(runner.device),
+            "dtype": str(runner.dtype).removeprefix("torch."),
+            "compile": runner.compile,
+            **summary,
+            "checkpoint": str(checkpoint_path(run_dir)),
+            "loss_curve": str(run_dir / LOSS_CURVE_FILE),
+        },
+        notes=[runner.dtype_reason],
+    )
+
+
+def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) -> dict:
+    """Steps ``start .. train.steps-1``: the first alone (it compiles), then the steady state."""
+    run_dir = Path(cfg.train.out)
+    clips_per_step = cfg.train.batch_size * cfg.train.grad_accum
+    last: dict[str, float] = {}
+    steady = {"seconds": 0.0, "steps": 0}
+    with (
+        progress("train", total=cfg.train.steps - start) as advance,
+        open(run_dir / METRICS_FILE, "a") as metrics,
+    ):
+
+        def run(steps: range) -> None:
+            for step in steps:
+                began = time.perf_counter()
+                micro = [next(batches) for _ in range(cfg.train.grad_accum)]
+                last.update(_train_step(model, optimizer, micro, runner, step, cfg))
+                seconds = time.perf_counter() - began
+                if step > start:
+                    steady["seconds"] += seconds
+                    steady["steps"] += 1
+                last["clips_per_s"] = clips_per_step / seconds
+                done = step + 1
+                if done % cfg.train.log_every == 0 or done == cfg.train.steps or step == start:
+                    metrics.write(json.dumps({"step": done, **last}) + "\n")
+                    metrics.flush()
+                if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
+                    checkpoint(done)
+                advance(1, loss=last["loss"], clips_per_s=round(last["clips_per_s"], 1))
+
+        with monitor.phase("first step (incl. compile)"):
+            run(range(start, start + 1))
+        if start + 1 < cfg.train.steps:
+            with monitor.phase("steady state"):
+                run(range(start + 1, cfg.train.steps))
+    return {
+        "final_loss": last.get("loss"),
+        "final_prediction_loss": last.get("prediction"),
+        "final_latent_rank": last.get("latent_rank"),
+        "steady_clips_per_s": clips_per_step * steady["steps"] / steady["seconds"]
+        if steady["steps"]
+        else None,
+        "steady_seconds": steady["seconds"],
+    }
+
+
+def draw_loss_curve(metrics_path: Path, picture_path: Path) -> Path | None:
+    """A PNG of total and prediction loss against step, drawn with Pillow from metrics.jsonl."""
+    from PIL import Image, ImageDraw
+
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    if len(rows) < 2:
+        return None
+    width, height, margin = 640, 360, 48
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    steps = [row["step"] for row in rows]
+    series = {"loss": (31, 119, 180), "prediction": (255, 127, 14)}
+    values = [row[key] for row in rows for key in series if key in row]
+    low, high = min(values), max(values)
+    # A log scale when it can be: losses fall by orders of magnitude, then flatten.
+    scale = math.log10 if low > 0 else float
+    span_x, span_y = max(steps[-1] - steps[0], 1), max(scale(high) - scale(low), 1e-12)
+
+    def point(step: float, value: float) -> tuple[float, float]:
+        x = margin + (step - steps[0]) / span_x * (width - 2 * margin)
+        y = height - margin - (scale(value) - scale(low)) / span_y * (height - 2 * margin)
+        return x, y
+
+    draw.rectangle([margin, margin, width - margin, height - margin], outline="black")
+    for key, colour in series.items():
+        line = [point(row["step"], row[key]) for row in rows if key in row]
+        draw.line(line, fill=colour, width=2)
+    axis = "log scale" if low > 0 else "linear scale"
+    draw.text((margin, 12), f"loss, {axis} (blue: total, orange: prediction MSE)", fill="black")
+    draw.text((4, margin - 6), f"{high:.3g}", fill="black")
+    draw.text((4, height - margin - 6), f"{low:.3g}", fill="black")
+    draw.text((margin, height - margin + 8), f"step {steps[0]}", fill="black")
+    draw.text((width - margin - 60, height - margin + 8), f"step {steps[-1]}", fill="black")
+    image.save(picture_path)
+    return picture_path

@@ -1,0 +1,109 @@
+"""The JEPA world model: shapes, the loss and its regularizers, NaN actions, rollouts."""
+
+import pytest
+import torch
+
+from swmcli.config import ModelConfig
+from swmcli.errors import UsageError
+from swmcli.models import build_world_model
+from swmcli.models.encoder import cnn_stages
+from swmcli.models.losses import sigreg, vicreg
+from swmcli.models.world_model import effective_rank
+
+TINY = ModelConfig(
+    latent_dim=16, cnn_width=8, predictor_dim=32, predictor_depth=1, predictor_heads=2
+)
+
+
+def _model(cfg=TINY, history_len=3, frameskip=2):
+    torch.manual_seed(0)
+    return build_world_model(
+        cfg, resolution=32, action_dim=2, frameskip=frameskip, history_len=history_len
+    )
+
+
+def _batch(size=6, history_len=3, frameskip=2):
+    generator = torch.Generator().manual_seed(1)
+    pixels = torch.randint(0, 256, (size, history_len, 32, 32, 3), generator=generator)
+    actions = torch.rand(size, history_len, 2 * frameskip, generator=generator) * 2 - 1
+    return {"pixels": pixels.to(torch.uint8), "action": actions}
+
+
+def test_encode_predict_and_rollout_shapes():
+    model = _model().eval()
+    batch = _batch()
+    latents = model.encode(batch["pixels"])
+    assert latents.shape == (6, 3, 16)
+    assert model.encode(batch["pixels"][:, 0]).shape == (6, 16)
+    context = latents[:, :-1]  # the predictor's length: history_len - 1
+    assert model.predict(context, batch["action"][:, :-1]).shape == (6, 2, 16)
+    plans = torch.zeros(6, 5, 4)
+    imagined = model.rollout(latents[:, :1], batch["action"][:, :0], plans)
+    assert imagined.shape == (6, 5, 16)
+
+
+def test_predictor_is_causal():
+    model = _model().eval()
+    batch = _batch()
+    latents = model.encode(batch["pixels"])[:, :-1]
+    changed = latents.clone()
+    changed[:, -1] += 5.0
+    first = model.predict(latents, batch["action"][:, :-1])
+    second = model.predict(changed, batch["action"][:, :-1])
+    assert torch.allclose(first[:, :-1], second[:, :-1], atol=1e-5)
+    assert not torch.allclose(first[:, -1], second[:, -1])
+
+
+def test_nan_in_last_action_block_does_not_poison_gradients():
+    model = _model()
+    batch = _batch()
+    batch["action"][:, -1] = float("nan")  # the episode's last observation has no action
+    loss, parts = model.loss(batch)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert set(parts) == {"prediction", "regularizer", "latent_rank"}
+    # Fed to the predictor directly (as a planner or memprofile might), NaN still becomes 0.
+    latents = model.encode(batch["pixels"])[:, 1:]
+    assert torch.isfinite(model.predict(latents, batch["action"][:, 1:])).all()
+
+
+def test_vit_encoder_option_runs():
+    cfg = TINY.model_copy(
+        update={"encoder": "vit", "vit_patch": 8, "vit_dim": 32, "vit_depth": 1, "vit_heads": 2}
+    )
+    model = _model(cfg)
+    loss, _ = model.loss(_batch())
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
+def test_sigreg_and_vicreg_penalize_collapse():
+    torch.manual_seed(0)
+    gaussian = torch.randn(512, 32)
+    collapsed = torch.randn(512, 1).expand(512, 32) + 0.01 * torch.randn(512, 32)
+    assert sigreg(collapsed) > 10 * sigreg(gaussian)
+    assert vicreg(collapsed) > 10 * vicreg(gaussian)
+    assert vicreg(torch.zeros(512, 32) + 0.001 * torch.randn(512, 32)) > vicreg(gaussian)
+
+
+def test_effective_rank_sees_collapse():
+    torch.manual_seed(0)
+    assert effective_rank(torch.randn(1024, 16)) > 14
+    line = torch.randn(1024, 1) * torch.ones(1, 16)
+    assert effective_rank(line) < 1.1
+
+
+def test_regularizer_choice_is_used():
+    vic = _model(TINY.model_copy(update={"regularizer": "vicreg"}))
+    assert vic.regularizer is vicreg
+
+
+def test_history_len_one_is_refused():
+    with pytest.raises(UsageError, match="history_len"):
+        _model(history_len=1)
+
+
+@pytest.mark.parametrize(("resolution", "stages"), [(32, 3), (64, 4), (224, 6)])
+def test_cnn_depth_follows_resolution(resolution, stages):
+    assert cnn_stages(resolution) == stages

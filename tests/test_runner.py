@@ -1,0 +1,73 @@
+"""The runner: dtype and its reason, autocast, transfers, gradient-free inference, bf16."""
+
+import numpy as np
+import torch
+
+from swmcli.config import ModelConfig
+from swmcli.core.runner import choose_dtype, make_runner
+from swmcli.models import build_world_model
+
+TINY = ModelConfig(
+    latent_dim=16, cnn_width=8, predictor_dim=32, predictor_depth=1, predictor_heads=2
+)
+
+
+def _model():
+    torch.manual_seed(0)
+    return build_world_model(TINY, resolution=32, action_dim=2, frameskip=1, history_len=3)
+
+
+def _numpy_batch():
+    rng = np.random.default_rng(0)
+    return {
+        "pixels": rng.integers(0, 256, (4, 3, 32, 32, 3), dtype=np.uint8),
+        "action": rng.uniform(-1, 1, (4, 3, 2)).astype(np.float32),
+    }
+
+
+def test_fp32_is_the_default_and_says_so():
+    runner = make_runner()
+    assert runner.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert runner.dtype == torch.float32
+    assert "fp32" in runner.dtype_reason
+    with runner.autocast():
+        assert not torch.is_autocast_enabled("cpu")
+
+
+def test_bf16_on_cpu_is_used_and_the_reason_names_the_cpu():
+    dtype, reason = choose_dtype(True, torch.device("cpu"))
+    assert dtype == torch.bfloat16
+    assert "CPU" in reason
+
+
+def test_to_device_keeps_pixels_uint8():
+    batch = make_runner().to_device(_numpy_batch())
+    assert batch["pixels"].dtype == torch.uint8
+    assert batch["action"].dtype == torch.float32
+    assert batch["pixels"].shape == (4, 3, 32, 32, 3)
+
+
+def test_inference_is_gradient_free():
+    runner = make_runner()
+    model = runner.prepare(_model())
+    batch = runner.to_device(_numpy_batch())
+    with runner.inference(model):
+        assert torch.is_inference_mode_enabled()
+        latents = model.encode(batch["pixels"])
+    assert not any(p.requires_grad for p in model.parameters())
+    assert not model.training
+    assert latents.is_inference() and not latents.requires_grad
+
+
+def test_bf16_autocast_trains_tiny_model():
+    runner = make_runner(bf16=True)
+    model = runner.prepare(_model())
+    batch = runner.to_device(_numpy_batch())
+    with runner.autocast():
+        assert torch.is_autocast_enabled("cpu")
+        latents = model.encode(batch["pixels"])
+        loss, _ = model.loss(batch)
+    assert latents.dtype == torch.bfloat16  # the encoder's last matmul ran in bf16
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)

@@ -1,0 +1,201 @@
+"""`swm train` on the tiny preset: it learns, it does not collapse, it resumes bit for bit."""
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from swmcli.collect import run_collect
+from swmcli.config import load_run_config, resolve_config
+from swmcli.core.memory import MemoryMonitor
+from swmcli.errors import CheckpointError, DatasetError, UsageError
+from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
+from swmcli.train import clip_order, learning_rate, run_train
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data") / "tiny.lance"
+    cfg = resolve_config("tiny", flags={"collect.out": out, "collect.episodes": 10})
+    run_collect(cfg, MemoryMonitor())
+    return out
+
+
+def _cfg(data: Path, out: Path, **flags):
+    settings = {"data.path": data, "train.out": out, **flags}
+    return resolve_config("tiny", flags=settings)
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_preset_learns_without_collapse(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    monitor = MemoryMonitor(track_tensors=True)
+    result = run_train(_cfg(tiny_data, run_dir, **{"train.log_every": 1}), monitor)
+    rows = _metrics(run_dir)
+    assert [row["step"] for row in rows] == list(range(1, 41))
+    first = np.mean([row["prediction"] for row in rows[:5]])
+    last = np.mean([row["prediction"] for row in rows[-5:]])
+    assert last < 0.7 * first, (first, last)
+    # Not collapsed: latents of different frames stay spread over many dimensions.
+    assert min(row["latent_rank"] for row in rows[-5:]) > 4
+    assert result.fields["train_episodes"] == 8  # 10 collected, eval.heldout_episodes = 2 kept out
+    assert result.fields["steady_clips_per_s"] > 0
+    assert [p.name for p in monitor.report.phases] == [
+        "setup",
+        "first step (incl. compile)",
+        "steady state",
+    ]
+    assert load_run_config(run_dir).data.path == tiny_data.resolve()
+    assert load_checkpoint(run_dir)["step"] == 40
+    with Image.open(run_dir / "loss_curve.png") as picture:
+        assert picture.size == (640, 360)
+
+
+def _train_in_subprocess(data: Path, run_dir: Path, *extra: str) -> subprocess.Popen:
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from swmcli.config import resolve_config\n"
+        "from swmcli.core.memory import MemoryMonitor\n"
+        "from swmcli.train import run_train\n"
+        "if __name__ == '__main__':\n"
+        "    flags = {'data.path': sys.argv[1], 'train.out': sys.argv[2], 'train.steps': 400,\n"
+        "             'train.checkpoint_every': 10, 'train.log_every': 1}\n"
+        "    cfg = resolve_config('tiny', flags=flags)\n"
+        "    run_train(cfg, MemoryMonitor(), resume='--resume' in sys.argv)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(data), str(run_dir), *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_losses(tiny_data, tmp_path):
+    killed = tmp_path / "killed"
+    process = _train_in_subprocess(tiny_data, killed)
+    deadline = time.monotonic() + 60
+    while not checkpoint_path(killed).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    saved_step = load_checkpoint(killed)["step"]
+    assert 10 <= saved_step < 400
+    with open(killed / "metrics.jsonl", "a") as metrics:
+        metrics.write('{"step": 399, "lo')  # a line cut short by the kill
+    # The resumed run stops at step saved + 15; an uninterrupted run of the same config too.
+    stop = saved_step + 15
+    flags = {"train.checkpoint_every": 10, "train.log_every": 1}
+    resumed_cfg = _cfg(tiny_data, killed, **{**flags, "train.steps": 400})
+    straight_cfg = _cfg(tiny_data, tmp_path / "straight", **{**flags, "train.steps": 400})
+    for cfg in (resumed_cfg, straight_cfg):
+        cfg.train.steps = 400
+    _run_until(resumed_cfg, stop, resume=True)
+    _run_until(straight_cfg, stop, resume=False)
+    resumed = {row["step"]: row["loss"] for row in _metrics(killed)}
+    straight = {row["step"]: row["loss"] for row in _metrics(tmp_path / "straight")}
+    assert sorted(resumed) == list(range(1, stop + 1))  # no step lost, none logged twice
+    for step in range(saved_step + 1, stop + 1):
+        assert resumed[step] == straight[step], step
+
+
+def _run_until(cfg, stop: int, resume: bool) -> None:
+    """Train ``cfg`` (400 planned steps) but stop after step ``stop``, like an interruption."""
+    import swmcli.train as train
+
+    original = train._train_step
+
+    def step_then_maybe_stop(model, optimizer, batches, runner, step, config):
+        if step >= stop:
+            raise KeyboardInterrupt
+        return original(model, optimizer, batches, runner, step, config)
+
+    train._train_step = step_then_maybe_stop
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_train(cfg, MemoryMonitor(), resume=resume)
+    finally:
+        train._train_step = original
+
+
+def test_fresh_run_refuses_a_trained_directory(tiny_data, tmp_path):
+    cfg = _cfg(tiny_data, tmp_path / "run", **{"train.steps": 2})
+    run_train(cfg, MemoryMonitor())
+    with pytest.raises(UsageError, match="already holds"):
+        run_train(_cfg(tiny_data, tmp_path / "run", **{"train.steps": 2}), MemoryMonitor())
+    with pytest.raises(UsageError, match="already trained"):
+        run_train(cfg, MemoryMonitor(), resume=True)
+
+
+def test_missing_and_corrupted_checkpoints_are_clear_errors(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(CheckpointError, match=r"config\.json"):
+        run_train(_cfg(tiny_data, run_dir), MemoryMonitor(), resume=True)
+    run_train(_cfg(tiny_data, run_dir, **{"train.steps": 2}), MemoryMonitor())
+    path = checkpoint_path(run_dir)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="corrupted"):
+        load_checkpoint(run_dir)
+    path.unlink()
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        run_train(_cfg(tiny_data, run_dir, **{"train.steps": 4}), MemoryMonitor(), resume=True)
+
+
+def test_gradient_accumulation_and_bf16_run(tiny_data, tmp_path):
+    flags = {"train.steps": 3, "train.grad_accum": 2, "train.batch_size": 4, "train.bf16": True}
+    result = run_train(_cfg(tiny_data, tmp_path / "run", **flags), MemoryMonitor())
+    assert result.fields["dtype"] == "bfloat16"
+    assert np.isfinite(result.fields["final_loss"])
+
+
+def test_too_many_held_out_episodes_is_a_dataset_error(tiny_data, tmp_path):
+    cfg = _cfg(tiny_data, tmp_path / "run", **{"eval.heldout_episodes": 10})
+    with pytest.raises(DatasetError, match="held out"):
+        run_train(cfg, MemoryMonitor())
+
+
+def test_clip_order_is_a_function_of_seed_and_step():
+    whole = clip_order(10, 4, 0, 10, seed=3)
+    assert len(whole) == 40
+    for epoch in range(4):
+        assert sorted(whole[epoch * 10 : epoch * 10 + 10]) == list(range(10))
+    assert np.array_equal(clip_order(10, 4, 3, 10, seed=3), whole[12:])
+    assert not np.array_equal(clip_order(10, 4, 0, 10, seed=4), whole)
+
+
+def test_learning_rate_warms_up_then_decays():
+    rates = [learning_rate(step, 100, 1e-3) for step in range(100)]
+    assert rates[0] < rates[4] == pytest.approx(1e-3)
+    assert rates[-1] == pytest.approx(1e-4, rel=0.05)
+    assert all(a >= b for a, b in itertools.pairwise(rates[5:]))
+
+
+@pytest.mark.slow
+def test_compile_trains_and_saves_plain_weights(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    monitor = MemoryMonitor(track_tensors=True)  # as the CLI makes it
+    result = run_train(
+        _cfg(tiny_data, run_dir, **{"train.steps": 3, "train.compile": True}), monitor
+    )
+    assert result.fields["compile"] is True
+    # Tracking would have made compile a silent no-op: it is off, and the first step compiled.
+    assert monitor.report.phases[1].live_tensor_peak_bytes is None
+    assert monitor.report.phases[1].seconds > 10 * monitor.report.phases[2].seconds
+    keys = load_checkpoint(run_dir)["model"].keys()
+    assert not any("_orig_mod" in key for key in keys)
+    assert np.isfinite(result.fields["final_loss"]) and torch.compiler is not None
