@@ -84,29 +84,12 @@ class Row:
 # --- the steps: the same code is traced on fake tensors and run on a GPU ------------------------
 
 
-def make_optimizer(model, train_cfg):
-    """AdamW as training runs it on CUDA (foreach: a few parameter-sized temporaries per step)."""
-    import torch
-
-    return torch.optim.AdamW(
-        model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, foreach=True
-    )
-
-
 def train_step(model, optimizer, batch, runner, grad_clip: float, micro_batches: int = 1) -> None:
-    """One optimizer step as ``swm train`` takes it, without reading the loss back (``.item()``
-    has no value on fake tensors): free the gradients, forward under autocast and backward for
-    each micro-batch (a later one runs with the gradients alive), clip, AdamW.
-    """
-    import torch
+    """One optimizer step exactly as ``swm train`` takes it (its own ``optimizer_step``), with
+    ``batch`` standing for each micro-batch: a later one runs with the gradients alive."""
+    from swmcli.train import optimizer_step
 
-    optimizer.zero_grad(set_to_none=True)
-    for _ in range(micro_batches):
-        with runner.autocast():
-            loss, _ = model.loss(batch)
-        (loss / micro_batches).backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
+    optimizer_step(model, optimizer, [batch] * micro_batches, runner, grad_clip, micro_batches)
 
 
 def eval_step(model, batch, runner, grad_free: bool):
@@ -235,6 +218,8 @@ class PeakPredictor:
 
     def _train_maker(self, variant: Variant) -> Callable:
         def make(model):
+            from swmcli.train import make_optimizer
+
             batch = clip_batch(self.step, variant)
             optimizer = make_optimizer(model, self.cfg.train)
             runner = TraceRunner(variant.bf16)
@@ -406,6 +391,8 @@ def measure_rows(rows: list[Row], predictor: PeakPredictor, monitor, snapshot: P
 def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
     """A fresh CUDA model, batch and (for training) optimizer, bound into one step callable."""
     import copy
+
+    from swmcli.train import make_optimizer
 
     runner = _cuda_runner(variant)
     model = runner.prepare(copy.deepcopy(predictor.model(variant.history_len, variant.frameskip)))

@@ -128,70 +128,69 @@ def _build(cfg: SwmConfig, metadata: dict[str, Any]):
 
     torch.manual_seed(cfg.train.seed)
     model = build_world_model(cfg.model, **model_args(cfg, metadata))
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay
-    )
-    return model, optimizer
+    return model, make_optimizer(model, cfg.train)
 
 
 def _loader(cfg: SwmConfig, dataset, first_step: int):
     """A DataLoader yielding the batches of steps ``first_step .. train.steps-1`` in order.
 
-    ``make_loader`` chooses the worker start method, pinning and prefetching; the batches follow
-    ``clip_order`` instead of its shuffled sampler, so that a resumed run reads what an
-    uninterrupted one would have.
+    The batches follow ``clip_order`` instead of shuffled epochs, so that a resumed run reads
+    what an uninterrupted one would have.
     """
-    from torch.utils.data import BatchSampler, DataLoader
-
     from swmcli.core.data import make_loader
 
-    settings = make_loader(
+    per_step = cfg.train.batch_size * cfg.train.grad_accum
+    order = clip_order(len(dataset), per_step, first_step, cfg.train.steps, cfg.train.seed)
+    return make_loader(
         dataset,
         cfg.train.batch_size,
         num_workers=cfg.data.num_workers,
-        shuffle=False,
         seed=cfg.train.seed,
         prefetch_factor=cfg.data.prefetch_factor,
+        order=order,
     )
-    per_step = cfg.train.batch_size * cfg.train.grad_accum
-    order = clip_order(len(dataset), per_step, first_step, cfg.train.steps, cfg.train.seed)
-    workers = {}
-    if settings.num_workers > 0:
-        workers = {
-            "multiprocessing_context": settings.multiprocessing_context,
-            "persistent_workers": True,
-            "prefetch_factor": settings.prefetch_factor,
-        }
-    loader = DataLoader(
-        dataset,
-        batch_sampler=BatchSampler(order.tolist(), cfg.train.batch_size, drop_last=True),
-        num_workers=settings.num_workers,
-        collate_fn=settings.collate_fn,
-        pin_memory=settings.pin_memory,
-        **workers,
+
+
+def make_optimizer(model, train_cfg):
+    """AdamW with the multi-tensor (foreach) update CUDA uses by default, on every device, so
+    ``swm memprofile`` traces the very optimizer that training runs."""
+    import torch
+
+    return torch.optim.AdamW(
+        model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, foreach=True
     )
-    return loader
+
+
+def optimizer_step(model, optimizer, device_batches, runner, grad_clip: float, micro_batches: int):
+    """One optimizer step: free the gradients, forward under autocast and backward for each of
+    the ``micro_batches`` device batches, clip, step. Returns the detached loss parts of each
+    micro-batch and the gradient norm, without reading them back (memprofile runs this very
+    function on fake tensors, which have no values)."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    parts = []
+    for batch in device_batches:
+        with runner.autocast():
+            loss, terms = model.loss(batch)
+        (loss / micro_batches).backward()
+        parts.append({"loss": loss.detach(), **{k: v.detach() for k, v in terms.items()}})
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return parts, grad_norm
 
 
 def _train_step(model, optimizer, batches, runner, step: int, cfg: SwmConfig) -> dict[str, float]:
-    """One optimizer step over ``grad_accum`` micro-batches; returns the logged figures."""
-    import torch
-
+    """One optimizer step over ``grad_accum`` host batches; returns the logged figures."""
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, cfg.train.steps, cfg.train.lr)
-    optimizer.zero_grad(set_to_none=True)
-    totals: dict[str, float] = {"loss": 0.0}
-    for batch in batches:
-        device_batch = runner.to_device(batch)
-        with runner.autocast():
-            loss, parts = model.loss(device_batch)
-        (loss / len(batches)).backward()
-        totals["loss"] += loss.item() / len(batches)
-        for key, value in parts.items():
-            totals[key] = totals.get(key, 0.0) + value.item() / len(batches)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-    optimizer.step()
-    return {**totals, "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"]}
+    # A generator: each micro-batch moves to the device only when its turn comes.
+    device_batches = (runner.to_device(batch) for batch in batches)
+    parts, grad_norm = optimizer_step(
+        model, optimizer, device_batches, runner, cfg.train.grad_clip, len(batches)
+    )
+    means = {key: sum(float(p[key]) for p in parts) / len(parts) for key in parts[0]}
+    return {**means, "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"]}
 
 
 def _trim_metrics(path: Path, last_step: int) -> None:

@@ -324,17 +324,21 @@ def make_loader(
     seed: int = 0,
     prefetch_factor: int = 2,
     drop_last: bool = True,
+    order: np.ndarray | None = None,
 ) -> DataLoader:
     """A DataLoader over a ClipDataset or a ReplayBuffer yielding ``{key: (B, ...)}`` tensors.
 
     Picks the worker start method itself, pins memory only where CUDA exists, keeps workers alive
-    across epochs and seeds the order. A ReplayBuffer is read in this process (its arrays live
-    here; workers would copy them), so ``num_workers`` is 0 for it.
+    across epochs and seeds the order. ``order`` (clip indices) replaces the shuffled epochs with
+    exactly that sequence, read ``batch_size`` at a time (training uses it to resume mid-epoch).
+    A ReplayBuffer is read in this process (its arrays live here; workers would copy them), so
+    ``num_workers`` is 0 for it.
     """
     if not isinstance(dataset, ClipDataset):
         num_workers = 0
     generator = torch.Generator().manual_seed(seed)
-    sampler = BatchSampler(ClipSampler(dataset, shuffle, generator), batch_size, drop_last)
+    clips = ClipSampler(dataset, shuffle, generator) if order is None else order.tolist()
+    sampler = BatchSampler(clips, batch_size, drop_last)
     workers = {}
     if num_workers > 0:
         workers = {
