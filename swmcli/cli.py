@@ -235,7 +235,11 @@ def train(
     compile: Compile = None,
     out: Annotated[Path | None, typer.Option(help="run directory")] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="continue from the run's checkpoint")
+        bool,
+        typer.Option(
+            "--resume",
+            help="continue from the run's checkpoint with its saved config (--steps may extend it)",
+        ),
     ] = False,
     seed: Annotated[int | None, typer.Option(help="seed of init, sampling and shuffling")] = None,
     preset: Preset = None,

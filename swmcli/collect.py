@@ -65,8 +65,10 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         policy = make_policy(settings.policy, env, settings.seed)
         action_dim = action_dim_of(env)
         buffer = ReplayBuffer(settings.max_steps, seed=settings.seed)
-        # The first row triggers the buffer's preflight and allocation, before anything is written.
-        buffer.add(next(episode_rows(env, policy, action_dim, seed=settings.seed)))
+        # A first row triggers the buffer's preflight and allocation before anything is written
+        # (without asking the policy, whose seeded stream the rollouts then start from).
+        obs, _ = env.reset(seed=settings.seed)
+        buffer.add(_row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False))
         buffer.clear()
         metadata = {
             "env_id": cfg.env.id,

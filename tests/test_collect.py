@@ -100,3 +100,14 @@ def _episodes(path) -> int:
         return open_reader(path).num_episodes
     except Exception:
         return 0
+
+
+def test_same_seed_collects_the_same_dataset(tmp_path):
+    paths = [tmp_path / "a.lance", tmp_path / "b.lance"]
+    for path in paths:
+        assert _collect("--out", str(path), "--episodes", "3", "--seed", "7").exit_code == 0
+    first, second = (open_reader(path) for path in paths)
+    for index in range(3):
+        a, b = first.read_episode(index), second.read_episode(index)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
