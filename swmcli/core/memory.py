@@ -23,14 +23,22 @@ from pathlib import Path
 from typing import Any
 
 
-def available_host_bytes() -> int:
-    """Bytes of RAM the host can give without swapping (MemAvailable), else free physical pages."""
+def _proc_kib_field(path: str, name: str) -> int | None:
+    """Bytes of a ``name: N kB`` line of a /proc file (None where there is no such file)."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(f"{name}:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
+    return None
+
+
+def available_host_bytes() -> int:
+    """Bytes of RAM the host can give without swapping (MemAvailable), else free physical pages."""
+    available = _proc_kib_field("/proc/meminfo", "MemAvailable")
+    if available is not None:
+        return available
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -41,23 +49,15 @@ def total_host_bytes() -> int:
 
 def current_rss_bytes() -> int:
     """Resident set size of this process now."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return peak_rss_bytes()
+    current = _proc_kib_field("/proc/self/status", "VmRSS")
+    return current if current is not None else peak_rss_bytes()
 
 
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process (since the last reset, on Linux)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    peak = _proc_kib_field("/proc/self/status", "VmHWM")
+    if peak is not None:
+        return peak
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
