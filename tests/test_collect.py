@@ -78,9 +78,9 @@ def test_budget_refused_before_anything_is_written(tmp_path):
 
 def test_ctrl_c_keeps_finished_episodes(tmp_path):
     out = tmp_path / "int.lance"
+    command = ["collect", "--preset", "tiny", "--out", str(out), "--episodes", "100000"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "swmcli", "collect", "--preset", "tiny", "--episodes", "100000"]
-        + ["--out", str(out)],
+        [sys.executable, "-m", "swmcli", *command],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
