@@ -554,9 +554,10 @@ def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, A
 
 
 def _technique_table(rows: list[Row], on_cuda: bool) -> Table:
-    columns = ["technique", "settings", "predicted peak", "vs fp32 train"]
+    # Byte columns hold integers: the panel shows them with units, --json keeps the bytes.
+    columns = ["technique", "settings", "predicted_peak_bytes", "vs fp32 train"]
     if on_cuda:
-        columns += ["measured allocated", "measured reserved", "measured / predicted"]
+        columns += ["measured_allocated_bytes", "measured_reserved_bytes", "measured / predicted"]
     cells = [
         [row.technique, row.variant.describe(), *_row_cells(row, rows[0], on_cuda)] for row in rows
     ]
@@ -565,7 +566,7 @@ def _technique_table(rows: list[Row], on_cuda: bool) -> Table:
     )
 
 
-def _row_cells(row: Row, baseline: Row, on_cuda: bool) -> list[str]:
+def _row_cells(row: Row, baseline: Row, on_cuda: bool) -> list:
     """Predicted peak and saving; on CUDA the measured peaks and their ratio to the prediction.
 
     A row that cannot be predicted (compile) shows its measured saving against the measured
@@ -577,13 +578,13 @@ def _row_cells(row: Row, baseline: Row, on_cuda: bool) -> list[str]:
     allocated, base_allocated = row.measured_allocated_bytes, baseline.measured_allocated_bytes
     if predicted is None and allocated and base_allocated:
         saving = f"{100 * (allocated - base_allocated) / base_allocated:+.0f}% measured"
-    cells = [format_bytes(predicted) if predicted else "measured on GPU", saving]
+    cells = [predicted if predicted else "measured on GPU", saving]
     if not on_cuda:
         return cells
     if row.out_of_memory:
         return [*cells, "out of memory", "-", "-"]
     ratio = f"{allocated / predicted:.3f}" if predicted else "-"
-    return [*cells, format_bytes(allocated), format_bytes(row.measured_reserved_bytes), ratio]
+    return [*cells, allocated, row.measured_reserved_bytes, ratio]
 
 
 def _category_table(rows: list[Row]) -> Table:

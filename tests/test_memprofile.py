@@ -243,7 +243,10 @@ def test_cli_json_and_bad_values():
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout.strip().splitlines()[-1])
     assert payload["predicted_train_peak_bytes"] > 0
-    assert payload["tables"][0]["rows"][0][0].startswith("fp32 train")
+    table = payload["tables"][0]
+    assert table["rows"][0][0].startswith("fp32 train")
+    peak = table["columns"].index("predicted_peak_bytes")
+    assert table["rows"][0][peak] == payload["predicted_train_peak_bytes"], "raw bytes in JSON"
 
     for flags in (["--resolution", "-1"], ["--budget", "lots"], ["--ram-budget", "0GB"]):
         bad = runner.invoke(app, ["memprofile", "--preset", "tiny", *flags])
@@ -291,6 +294,6 @@ def test_gpu_run_measures_every_row_including_compile():
     monitor = MemoryMonitor()
     result = run_memprofile(cfg, monitor)
     table = result.tables[0]
-    allocated = table.columns.index("measured allocated")
+    allocated = table.columns.index("measured_allocated_bytes")
     assert all(row[allocated] not in ("-", "out of memory") for row in table.rows), table.rows
     assert any(phase.name.startswith("measure: torch.compile") for phase in monitor.report.phases)
