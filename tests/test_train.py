@@ -185,17 +185,19 @@ def test_learning_rate_warms_up_then_decays():
     assert all(a >= b for a, b in itertools.pairwise(rates[5:]))
 
 
-@pytest.mark.slow
 def test_compile_trains_and_saves_plain_weights(tiny_data, tmp_path):
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     run_dir = tmp_path / "run"
     monitor = MemoryMonitor(track_tensors=True)  # as the CLI makes it
     result = run_train(
         _cfg(tiny_data, run_dir, **{"train.steps": 3, "train.compile": True}), monitor
     )
     assert result.fields["compile"] is True
-    # Tracking would have made compile a silent no-op: it is off, and the first step compiled.
+    # Tracking would have made compile a silent no-op: it is off, and graphs were compiled.
     assert monitor.report.phases[1].live_tensor_peak_bytes is None
-    assert monitor.report.phases[1].seconds > 10 * monitor.report.phases[2].seconds
+    assert counters["stats"]["unique_graphs"] >= 2, "encoder and predictor each compiled"
     keys = load_checkpoint(run_dir)["model"].keys()
     assert not any("_orig_mod" in key for key in keys)
     assert np.isfinite(result.fields["final_loss"]) and torch.compiler is not None
