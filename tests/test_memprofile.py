@@ -28,15 +28,8 @@ from swmcli.core.memory import (
     cuda_autocast_on_cpu,
     trace_step_peak,
 )
-from swmcli.memprofile import (
-    PeakPredictor,
-    Variant,
-    largest_fitting,
-    measure_rows,
-    run_memprofile,
-    sample_episodes,
-    technique_rows,
-)
+from swmcli.memprofile import measure_rows, run_memprofile, sample_episodes, technique_rows
+from swmcli.prediction import PeakPredictor, Variant, largest_fitting
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -1,0 +1,245 @@
+"""Predicting one step's peak memory: the steps swm runs, traced on fake tensors.
+
+A ``Variant`` is the settings of one step (train or eval, fp32 or bf16, batch, history,
+frameskip). ``PeakPredictor`` builds the configured world model once per clip shape and traces
+each variant's step with ``swmcli.core.memory.trace_step_peak`` (cached). The training step is
+``swm train``'s own ``optimizer_step``; the eval step is encode + predict, with or without
+gradients. ``largest_fitting`` finds the largest batch whose prediction fits a budget in a few
+predictions. ``swm memprofile`` turns these into its technique table.
+"""
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from swmcli.config import SwmConfig
+from swmcli.core.memory import StepPeak, cuda_allowance_bytes
+
+MAX_BUDGET_PREDICTIONS = 32  # the budget search's cap; near-linear memory needs 2 or 3
+LINE_GUESSES = 3  # then bisection
+
+
+@dataclass(frozen=True)
+class Variant:
+    """The settings of one technique row: what runs, in which precision, on what clips."""
+
+    kind: str  # "train" or "eval"
+    bf16: bool
+    batch_size: int
+    history_len: int
+    frameskip: int
+    grad_free: bool = False  # eval only: requires_grad_(False) + inference_mode
+    compile: bool = False
+
+    def describe(self) -> str:
+        """The settings in words, for the table."""
+        precision = "bf16" if self.bf16 else "fp32"
+        words = f"{precision} B={self.batch_size} H={self.history_len} F={self.frameskip}"
+        return words + " compiled" if self.compile else words
+
+
+# --- the steps: the same code is traced on fake tensors and run on a GPU ------------------------
+
+
+def train_step(model, optimizer, batch, runner, grad_clip: float, micro_batches: int = 1) -> None:
+    """One optimizer step exactly as ``swm train`` takes it (its own ``optimizer_step``), with
+    ``batch`` standing for each micro-batch: a later one runs with the gradients alive."""
+    from swmcli.train import optimizer_step
+
+    optimizer_step(model, optimizer, [batch] * micro_batches, runner, grad_clip, micro_batches)
+
+
+def eval_step(model, batch, runner, grad_free: bool):
+    """One eval forward: encode the clip and predict next latents (kept alive until returned)."""
+    if grad_free:
+        with runner.inference(model):
+            latents = model.encode(batch["pixels"])
+            return model.predict(latents[:, :-1], batch["action"][:, :-1])
+    model.eval()
+    with runner.autocast():
+        latents = model.encode(batch["pixels"])
+        return model.predict(latents[:, :-1], batch["action"][:, :-1])
+
+
+def clip_batch(step: dict[str, np.ndarray], variant: Variant, device: str = "cpu") -> dict:
+    """The device batch ``swm train`` moves for ``variant``: its keys of ``step`` in clip layout.
+
+    ``pixels`` is uint8 ``(B, history_len, H, W, 3)``; ``action`` is ``(B, history_len,
+    frameskip * action_dim)``. Zeros: under a fake mode they cost nothing; on a GPU the pixels
+    are made random.
+    """
+    import torch
+
+    from swmcli.train import TRAIN_KEYS
+
+    batch = {}
+    leading = (variant.batch_size, variant.history_len)
+    for key in TRAIN_KEYS:
+        value = np.asarray(step[key])
+        if key == "action":
+            shape = (*leading, variant.frameskip * value.size)
+        else:
+            shape = (*leading, *value.shape)
+        dtype = torch.from_numpy(np.zeros(0, value.dtype)).dtype
+        batch[key] = torch.zeros(shape, dtype=dtype, device=device)
+    if device != "cpu":
+        batch["pixels"].random_(0, 256)
+    return batch
+
+
+def cuda_runner(variant: Variant):
+    """A Runner on the GPU in ``variant``'s precision, for measuring the same step for real."""
+    import torch
+
+    from swmcli.core.runner import Runner
+
+    dtype = torch.bfloat16 if variant.bf16 else torch.float32
+    return Runner(torch.device("cuda"), dtype, "memprofile", compile=variant.compile)
+
+
+@dataclass
+class TraceRunner:
+    """The Runner's autocast and inference contexts, for tracing a CUDA step on CPU tensors.
+
+    bf16 is CPU autocast plus the float32 casts CUDA autocast adds (``cuda_autocast_on_cpu``), so
+    the trace keeps the dtypes a GPU keeps; inference is the Runner's (eval mode,
+    ``requires_grad_(False)``, ``inference_mode``).
+    """
+
+    bf16: bool
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast as CUDA does it, or nothing in fp32."""
+        import torch
+
+        from swmcli.core.memory import cuda_autocast_on_cpu
+
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return cuda_autocast_on_cpu(torch.bfloat16)
+
+    @contextlib.contextmanager
+    def inference(self, model) -> Iterator[Any]:
+        """Gradient-free evaluation, as ``Runner.inference``."""
+        import torch
+
+        model.eval()
+        model.requires_grad_(False)
+        with torch.inference_mode(), self.autocast():
+            yield model
+
+
+class PeakPredictor:
+    """Predicts each variant's peak once (cached) from a fake-tensor trace of its step."""
+
+    def __init__(self, cfg: SwmConfig, step: dict[str, np.ndarray]):
+        self.cfg = cfg
+        self.step = step
+        self.action_dim = int(np.asarray(step["action"]).size)
+        self._models: dict[tuple[int, int], Any] = {}
+        self._peaks: dict[Variant, StepPeak] = {}
+        self.seconds = 0.0
+
+    def model(self, history_len: int, frameskip: int):
+        """The real (CPU) world model for these clip settings; traces use fake copies of it."""
+        key = (history_len, frameskip)
+        if key not in self._models:
+            from swmcli.models import build_world_model
+
+            self._models[key] = build_world_model(
+                self.cfg.model,
+                resolution=self.cfg.env.resolution,
+                action_dim=self.action_dim,
+                frameskip=frameskip,
+                history_len=history_len,
+            )
+        return self._models[key]
+
+    def predict(self, variant: Variant) -> StepPeak:
+        """The predicted peak of ``variant`` (eager; compile is not predictable here)."""
+        variant = replace(variant, compile=False)
+        if variant not in self._peaks:
+            from swmcli.core.memory import trace_step_peak
+
+            start = time.perf_counter()
+            model = self.model(variant.history_len, variant.frameskip)
+            self._peaks[variant] = trace_step_peak(model, self.step_maker(variant))
+            self.seconds += time.perf_counter() - start
+        return self._peaks[variant]
+
+    def step_maker(self, variant: Variant) -> Callable:
+        """``make(model) -> (inputs, run)`` for ``trace_step_peak``: the variant's step."""
+        return self._train_maker(variant) if variant.kind == "train" else self._eval_maker(variant)
+
+    def _train_maker(self, variant: Variant) -> Callable:
+        def make(model):
+            from swmcli.train import make_optimizer
+
+            batch = clip_batch(self.step, variant)
+            optimizer = make_optimizer(model, self.cfg.train)
+            runner = TraceRunner(variant.bf16)
+            grad_clip = self.cfg.train.grad_clip
+            # Two micro-batches show all accumulation costs: the second runs with gradients alive.
+            micro_batches = min(self.cfg.train.grad_accum, 2)
+
+            def run() -> None:
+                for _ in range(2):  # the second step runs with optimizer state, as training does
+                    train_step(model, optimizer, batch, runner, grad_clip, micro_batches)
+
+            return batch, run
+
+        return make
+
+    def _eval_maker(self, variant: Variant) -> Callable:
+        def make(model):
+            batch = clip_batch(self.step, variant)
+            runner = TraceRunner(variant.bf16)
+            return batch, lambda: eval_step(model, batch, runner, variant.grad_free)
+
+        return make
+
+    def needed_bytes(self, variant: Variant) -> int:
+        """Predicted peak plus the CUDA allowance: what a GPU must have free for ``variant``."""
+        peak = self.predict(variant).peak_bytes
+        return peak + cuda_allowance_bytes(peak)
+
+
+def largest_fitting(need: Callable[[int], int], budget: int, known: dict[int, int]) -> int:
+    """The largest ``n >= 1`` with ``need(n) <= budget`` (0 if none), for ``need`` increasing.
+
+    ``known`` holds values of ``need`` already computed (at least two). Memory is close to
+    linear in batch size, so a line through known points lands on or next to the answer, and one
+    or two more evaluations (``need(n)``, ``need(n + 1)``) confirm it; should the line miss
+    (a step in ``need``), bisection of the bracket finishes the search.
+    """
+    low, high = 0, None
+    for attempt in range(MAX_BUDGET_PREDICTIONS):
+        low = max((n for n, used in known.items() if used <= budget), default=0)
+        high = min((n for n, used in known.items() if used > budget), default=None)
+        if high == low + 1:
+            return low
+        if attempt < LINE_GUESSES:
+            candidate = _line_guess(known, budget, low, high)
+        else:
+            candidate = 2 * low if high is None else (low + high) // 2
+        upper = high - 1 if high is not None else math.inf
+        candidate = int(min(max(candidate, low + 1), upper))
+        known[candidate] = need(candidate)
+    return low
+
+
+def _line_guess(known: dict[int, int], budget: int, low: int, high: int | None) -> float:
+    """Where the line through the bracket's ends (or the two nearest points) meets the budget."""
+    if low and high is not None:
+        (n1, b1), (n2, b2) = (low, known[low]), (high, known[high])
+    else:
+        (n1, b1), (n2, b2) = sorted(known.items(), key=lambda item: abs(item[1] - budget))[:2]
+    slope = (b2 - b1) / (n2 - n1)
+    if slope <= 0:
+        return max(n1, n2) + 1
+    return math.floor(n1 + (budget - b1) / slope)
