@@ -204,13 +204,15 @@ def test_missing_path_and_other_formats_are_clear_errors(tmp_path):
             open_reader(path)
 
 
-def test_truncated_hdf5_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("keep", [0.5, 3000])
+def test_truncated_hdf5_is_a_clear_error(tmp_path, keep):
+    # Cut deep into the metadata (3,000 bytes), SWMR reads used to retry forever: no hang now.
     path = tmp_path / "d.h5"
     write(path, [make_episode(seed, 20) for seed in range(3)])
     size = path.stat().st_size
     with path.open("r+b") as handle:
-        handle.truncate(size // 2)
-    with pytest.raises(DatasetError, match="cannot") as caught:
+        handle.truncate(int(size * keep) if keep < 1 else keep)
+    with pytest.raises(DatasetError, match="truncated") as caught:
         reader = open_reader(path)
         for index in range(reader.num_episodes):
             reader.read_episode(index)

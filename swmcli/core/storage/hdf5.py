@@ -61,6 +61,27 @@ def _open(path: Path, mode: str, **kwargs):
         raise DatasetError(message, _DAMAGED_HINT) from error
 
 
+def _check_length(path: Path) -> None:
+    """Refuse a file shorter than the end address its superblock records.
+
+    SWMR readers skip HDF5's own end-of-file check (a live writer may be ahead of the reader),
+    and on a truncated file the library then retries reads forever: check it here, first.
+    """
+    with path.open("rb") as handle:
+        head = handle.read(64)
+    if len(head) < 12 or head[:8] != b"\x89HDF\r\n\x1a\n" or head[8] < 2:
+        return  # not a version 2/3 superblock: h5py's own checks apply
+    offset_size = head[9]
+    start = 12 + 2 * offset_size
+    end_address = int.from_bytes(head[start : start + offset_size], "little")
+    size = path.stat().st_size
+    if size < end_address:
+        raise DatasetError(
+            f"{path} is truncated: {size:,} of its {end_address:,} bytes are there",
+            _DAMAGED_HINT,
+        )
+
+
 class Hdf5Reader:
     """Reads a swm HDF5 file; opens in SWMR mode so a file being written (or crashed) reads."""
 
@@ -68,6 +89,7 @@ class Hdf5Reader:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        _check_length(self.path)
         self._file = _open(self.path, "r", swmr=True)
         raw = self._file.attrs.get("swm")
         if raw is None:
