@@ -268,6 +268,7 @@ def train(
         flags=flags,
         track_tensors=True,
         resume=resume,
+        steps=steps,
     )
 
 

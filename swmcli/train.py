@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from swmcli.config import SwmConfig, load_run_config, save_config
-from swmcli.errors import DatasetError, UsageError
+from swmcli.errors import DatasetError, SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, info, progress
 
@@ -85,21 +85,48 @@ def open_training_data(cfg: SwmConfig):
             hint="collect more episodes or lower eval.heldout_episodes",
         )
     episodes = list(range(keep))
-    return load(episodes), episodes, dict(everything.metadata)
+    dataset = load(episodes)
+    per_step = cfg.train.batch_size * cfg.train.grad_accum
+    if per_step > len(dataset):
+        raise UsageError(
+            f"a step needs {per_step} clips (batch size x grad_accum) but {cfg.data.path} has "
+            f"{len(dataset)} training clips",
+            hint=f"lower --batch-size to at most {len(dataset) // cfg.train.grad_accum}, "
+            "or collect more episodes",
+        )
+    return dataset, episodes, dict(everything.metadata)
 
 
-def _prepare_run(cfg: SwmConfig, resume: bool) -> SwmConfig:
+def _is_dataset(path: Path) -> bool:
+    from swmcli.core.storage import detect
+
+    try:
+        detect(path)
+    except SwmError:
+        return False
+    return True
+
+
+def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
     """The config this run trains with, saved into the run directory.
 
     A fresh run refuses a directory that already has a checkpoint. A resumed run takes the saved
     config (the model must match its checkpoint) and trains to its planned steps, or to
-    ``cfg.train.steps`` when that is larger (``--steps`` extends a run).
+    ``steps`` (an explicit ``--steps``) when given.
     """
     run_dir = Path(cfg.train.out)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--out {run_dir} is a file", hint="pass a directory for the run")
+    if _is_dataset(run_dir):
+        raise UsageError(f"--out {run_dir} is a dataset", hint="pass a new directory for the run")
     if resume:
         saved = load_run_config(run_dir)
-        saved.train.steps = max(saved.train.steps, cfg.train.steps)
+        # The run lives where it is now (it may have been copied or moved since).
+        saved.train.out = run_dir
+        if steps is not None:
+            saved.train.steps = steps
         cfg = saved
+        info(f"resuming {run_dir} with its saved config, to step {cfg.train.steps}")
     elif checkpoint_path(run_dir).exists():
         raise UsageError(
             f"{run_dir} already holds a trained run",
@@ -211,7 +238,9 @@ def _trim_metrics(path: Path, last_step: int) -> None:
     path.write_text("".join(kept))
 
 
-def run_train(cfg: SwmConfig, monitor, resume: bool = False) -> CommandResult:
+def run_train(
+    cfg: SwmConfig, monitor, resume: bool = False, steps: int | None = None
+) -> CommandResult:
     """Train (or, with ``resume``, continue training) into the run directory ``cfg.train.out``.
 
     Writes ``config.json``, ``checkpoint.pt`` (atomic, every ``train.checkpoint_every`` steps and
@@ -226,7 +255,7 @@ def run_train(cfg: SwmConfig, monitor, resume: bool = False) -> CommandResult:
         save_checkpoint,
     )
 
-    cfg = _prepare_run(cfg, resume)
+    cfg = _prepare_run(cfg, resume, steps)
     run_dir = Path(cfg.train.out)
     runner = make_runner(
         bf16=cfg.train.bf16, compile=cfg.train.compile, cpu_threads=cfg.train.cpu_threads

@@ -201,3 +201,23 @@ def test_compile_trains_and_saves_plain_weights(tiny_data, tmp_path):
     keys = load_checkpoint(run_dir)["model"].keys()
     assert not any("_orig_mod" in key for key in keys)
     assert np.isfinite(result.fields["final_loss"]) and torch.compiler is not None
+
+
+def test_resume_trains_the_directory_it_is_given(tiny_data, tmp_path):
+    import shutil
+
+    original = tmp_path / "original"
+    run_train(_cfg(tiny_data, original, **{"train.steps": 4}), MemoryMonitor())
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    run_train(_cfg(tiny_data, copy), MemoryMonitor(), resume=True, steps=6)
+    assert load_checkpoint(copy)["step"] == 6
+    assert load_checkpoint(original)["step"] == 4, "the run it was copied from is untouched"
+    assert load_run_config(copy).train.out == copy
+
+
+def test_refuses_batches_larger_than_the_data_and_runs_inside_datasets(tiny_data, tmp_path):
+    with pytest.raises(UsageError, match="training clips"):
+        run_train(_cfg(tiny_data, tmp_path / "big", **{"train.batch_size": 100_000}), MemoryMonitor())
+    with pytest.raises(UsageError, match="is a dataset"):
+        run_train(_cfg(tiny_data, tiny_data), MemoryMonitor())
