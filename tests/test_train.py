@@ -218,6 +218,7 @@ def test_resume_trains_the_directory_it_is_given(tiny_data, tmp_path):
 
 def test_refuses_batches_larger_than_the_data_and_runs_inside_datasets(tiny_data, tmp_path):
     with pytest.raises(UsageError, match="training clips"):
-        run_train(_cfg(tiny_data, tmp_path / "big", **{"train.batch_size": 100_000}), MemoryMonitor())
+        big = _cfg(tiny_data, tmp_path / "big", **{"train.batch_size": 100_000})
+        run_train(big, MemoryMonitor())
     with pytest.raises(UsageError, match="is a dataset"):
         run_train(_cfg(tiny_data, tiny_data), MemoryMonitor())
