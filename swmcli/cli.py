@@ -6,6 +6,7 @@ boundary. Heavy imports happen inside the commands, so `swm --help` stays fast.
 
 import importlib
 import os
+import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from swmcli import __version__
-from swmcli.errors import SwmError
+from swmcli.errors import SwmError, first_line
 
 app = typer.Typer(
     name="swm",
@@ -74,8 +75,28 @@ def error_boundary() -> Iterator[None]:
     except Exception as err:
         if os.environ.get("SWM_DEBUG") == "1":
             raise
-        report.error(f"{type(err).__name__}: {err}", "rerun with SWM_DEBUG=1 to see the traceback")
+        report.error(*_describe_unexpected(err))
         raise typer.Exit(1) from None
+
+
+def _describe_unexpected(err: Exception) -> tuple[str, str]:
+    """One line and a hint for an error no swm code anticipated: the machine's, or a bug."""
+    message = first_line(err)
+    if isinstance(err, MemoryError):
+        return (
+            f"out of memory: {message}",
+            "lower --resolution, --batch-size or --max-steps (`swm memprofile` shows what fits)",
+        )
+    if isinstance(err, OSError):
+        where = f"{err.filename}: " if err.filename else ""
+        return (
+            f"{where}{err.strerror or message}",
+            "check the path, its permissions and the free disk space",
+        )
+    return (
+        f"{type(err).__name__}: {message}",
+        "this is a bug in swm: rerun with SWM_DEBUG=1 and report the traceback",
+    )
 
 
 def _run(
@@ -350,6 +371,11 @@ def memprofile(
     )
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. SIGTERM stops as Ctrl-C does: finished work is kept, exit 130."""
+    signal.signal(signal.SIGTERM, _interrupt)
     app()

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
 
-from swmcli.errors import UsageError
+from swmcli.errors import CheckpointError, UsageError
 from swmcli.units import parse_size
 
 CONFIG_FILE = "config.json"
@@ -148,22 +148,21 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in presets_dir().glob("*.toml"))
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
+def _read_config_file(path: Path) -> dict[str, Any]:
+    """The settings in a TOML file (or a run's config.json), as nested dicts."""
     try:
-        return tomllib.loads(path.read_text())
+        text = path.read_text()
+        tree = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except FileNotFoundError as err:
         raise UsageError(f"config file {path} does not exist", hint="check the path") from err
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{path} is not valid TOML: {err}", hint="fix the file") from err
-
-
-def _read_config_file(path: Path) -> dict[str, Any]:
-    if path.suffix == ".json":
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise UsageError(f"cannot read config {path}: {err}", hint="check the path") from err
-    return _read_toml(path)
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read config {path}: {err}", hint="pass a TOML file") from err
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        kind = "JSON" if path.suffix == ".json" else "TOML"
+        raise UsageError(f"{path} is not valid {kind}: {err}", hint="fix the file") from err
+    if not isinstance(tree, dict):
+        raise UsageError(f"{path} does not hold a table of settings", hint="see presets/*.toml")
+    return tree
 
 
 def _parse_value(text: str) -> Any:
@@ -218,7 +217,7 @@ def resolve_config(
             raise UsageError(
                 f"no preset named {preset!r}", hint=f"choose one of: {', '.join(preset_names())}"
             )
-        tree = _merge(tree, _read_toml(path))
+        tree = _merge(tree, _read_config_file(path))
     if config_file is not None:
         tree = _merge(tree, _read_config_file(config_file))
     for item in sets or []:
@@ -233,7 +232,7 @@ def resolve_config(
         return SwmConfig.model_validate(tree)
     except ValidationError as err:
         raise UsageError(
-            f"invalid config: {_describe(err)}", hint="see `swm COMMAND --help`"
+            f"invalid config: {_describe(err)}", hint="see the command's --help for its options"
         ) from err
 
 
@@ -245,15 +244,13 @@ def save_config(config: SwmConfig, directory: Path) -> Path:
     return path
 
 
-def load_run_config(run_dir: Path) -> SwmConfig:
-    """The resolved config a run directory was made with."""
-    path = run_dir / CONFIG_FILE
+def load_run_config(run_dir: Path, flags: dict[str, Any] | None = None) -> SwmConfig:
+    """The resolved config a run directory was made with, with ``flags`` (dotted keys) on top."""
+    path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
-        from swmcli.errors import CheckpointError
-
         raise CheckpointError(
             f"{run_dir} has no {CONFIG_FILE}",
             hint="pass a directory written by `swm train`",
             exit_code=2,
         )
-    return SwmConfig.model_validate(_read_config_file(path))
+    return resolve_config(config_file=path, flags=flags)

@@ -35,3 +35,16 @@ class DatasetError(SwmError):
 
 class CheckpointError(SwmError):
     """A run directory whose checkpoint or config is missing or unreadable."""
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message cut to its first line, for a one-line error.
+
+    Drops the Rust source locations Lance appends (", /home/.../object_store.rs:1013:21").
+    """
+    import re
+
+    lines = str(error).strip().splitlines()
+    if not lines:
+        return type(error).__name__
+    return re.sub(r",?\s*/\S+\.rs:\d+:\d+", "", lines[0])[:300]

@@ -41,7 +41,8 @@ def run_eval(
     from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
 
     run_dir = Path(run_dir)
-    cfg = _eval_config(load_run_config(run_dir), episodes, planner, bf16, compile)
+    overrides = {"episodes": episodes, "planner": planner, "bf16": bf16, "compile": compile}
+    cfg = load_run_config(run_dir, {f"eval.{key}": value for key, value in overrides.items()})
     runner = make_runner(
         bf16=cfg.eval.bf16,
         compile=cfg.eval.compile,
@@ -63,14 +64,6 @@ def run_eval(
         random = run_episodes(None, cfg, runner, shape)
     pictures = save_pictures(planned["recorded"], run_dir / EVAL_DIR, cfg.eval.planner)
     return _result(run_dir, cfg, runner, state["step"], errors, planned, random, pictures)
-
-
-def _eval_config(cfg: SwmConfig, episodes, planner, bf16, compile) -> SwmConfig:
-    overrides = {"episodes": episodes, "planner": planner, "bf16": bf16, "compile": compile}
-    for key, value in overrides.items():
-        if value is not None:
-            setattr(cfg.eval, key, value)  # validate_assignment checks each value
-    return cfg
 
 
 def load_model(run_dir: Path, cfg: SwmConfig, runner):

@@ -56,5 +56,12 @@ def format_bytes(n: float) -> str:
 
 
 def format_gb(n: float) -> str:
-    """``n`` bytes in decimal GB, for figures compared with vendor sizes: 3.01e10 -> '30.1 GB'."""
-    return f"{n / 1e9:.1f} GB"
+    """``n`` bytes in decimal units, for figures compared with vendor sizes: 3.01e10 -> '30.1 GB'.
+
+    GB from 0.1 GB up to 1,000 GB; MB below, TB above.
+    """
+    if n >= 1e12:
+        return f"{n / 1e12:.1f} TB"
+    if n >= 1e8:
+        return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e6:.1f} MB"

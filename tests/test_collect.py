@@ -111,3 +111,18 @@ def test_same_seed_collects_the_same_dataset(tmp_path):
         a, b = first.read_episode(index), second.read_episode(index)
         for key in a:
             np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_sigterm_stops_like_ctrl_c(tmp_path):
+    out = tmp_path / "term.lance"
+    command = ["collect", "--preset", "tiny", "--out", str(out), "--episodes", "100000"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swmcli", *command], stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline and not (out.exists() and _episodes(out) >= 1):
+        time.sleep(0.5)
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err
+    assert _episodes(out) >= 1

@@ -100,3 +100,23 @@ def test_sizes():
     assert format_bytes(1536) == "1.50 KiB"
     assert format_bytes(512) == "512 B"
     assert format_gb(200_000 * 224 * 224 * 3) == "30.1 GB"
+
+
+def test_config_files_that_are_not_tables_of_settings(tmp_path):
+    listing = tmp_path / "list.json"
+    listing.write_text("[1, 2]")
+    with pytest.raises(UsageError, match="table of settings"):
+        resolve_config(config_file=listing)
+    with pytest.raises(UsageError, match="cannot read config"):
+        resolve_config(config_file=tmp_path)
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(UsageError):
+        resolve_config(config_file=binary)
+
+
+def test_run_config_overrides_are_validated(tmp_path):
+    save_config(resolve_config(preset="tiny"), tmp_path)
+    with pytest.raises(UsageError, match=r"eval\.planner"):
+        load_run_config(tmp_path, {"eval.planner": "weird"})
+    assert load_run_config(tmp_path, {"eval.episodes": 3}).eval.episodes == 3

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import gymnasium as gym
 import numpy as np
 
-from swmcli.errors import UsageError
+from swmcli.errors import UsageError, first_line
 
 TWOROOM_ID = "swm/TwoRoom-v0"
 MIN_RESOLUTION = 16
@@ -134,7 +134,7 @@ def _usage_errors(env_id: str):
         yield
     except gym.error.DependencyNotInstalled as error:
         raise UsageError(
-            f"{env_id} needs a package that is not installed: {_first_line(error)}",
+            f"{env_id} needs a package that is not installed: {first_line(error)}",
             hint=_pip_hint(str(error)),
         ) from error
     except ImportError as error:
@@ -145,13 +145,13 @@ def _usage_errors(env_id: str):
         ) from error
     except (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv) as error:
         raise UsageError(
-            f"unknown gymnasium env {env_id!r}: {_first_line(error)}",
+            f"unknown gymnasium env {env_id!r}: {first_line(error)}",
             hint='list the ids with: python -c "import gymnasium; '
             'print(list(gymnasium.envs.registry))"',
         ) from error
     except gym.error.Error as error:
         raise UsageError(
-            f"cannot make {env_id}: {_first_line(error)}",
+            f"cannot make {env_id}: {first_line(error)}",
             hint="the env must support render_mode='rgb_array'",
         ) from error
 
@@ -171,10 +171,6 @@ def _missing_module(error: ImportError) -> str:
         match = re.search(r"No module named '([^']+)'", str(error))
         name = match.group(1) if match else "the missing module"
     return name.split(".")[0]
-
-
-def _first_line(error: BaseException) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _env_name(env) -> str:

@@ -240,7 +240,7 @@ def check_metadata(existing: Mapping[str, Any], user: Mapping[str, Any], where: 
         if new is not None and old is not None and json.dumps(new) != json.dumps(old):
             raise DatasetError(
                 f"{where} holds {key} {old}, not {new}",
-                hint="write to a new dataset, or pass --overwrite",
+                hint="write to a new path (--out), or delete the old dataset first",
                 exit_code=2,
             )
 

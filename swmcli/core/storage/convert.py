@@ -31,7 +31,9 @@ _CARRIED_METADATA = ("env_id", "resolution", "action_dim")
 
 def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
     if dst.resolve() == src.resolve():
-        raise UsageError(f"source and destination are the same path: {src}")
+        raise UsageError(
+            f"source and destination are the same path: {src}", hint="choose another DST"
+        )
     if not dst.exists():
         return
     if not overwrite:

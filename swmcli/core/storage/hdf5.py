@@ -29,7 +29,7 @@ from swmcli.core.storage import (
     offsets_from_lengths,
     schema_from_json,
 )
-from swmcli.errors import DatasetError
+from swmcli.errors import DatasetError, first_line
 
 PIXEL_ENCODING = "raw uint8, gzip level 1, one frame per chunk"
 # The HDF5 1.10 file format: the oldest with SWMR, and what h5dump/h5ls 1.10 (Debian 12) read.
@@ -38,11 +38,6 @@ _CHUNK_CACHE_BYTES = 64 * 2**20
 _CHUNK_CACHE_SLOTS = 100_003  # a prime well above the chunks that fit the cache
 _SMALL_CHUNK_ROWS = 4096
 _DAMAGED_HINT = "the file is damaged or truncated: restore it or collect again"
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__
 
 
 def _open(path: Path, mode: str, **kwargs):
@@ -57,7 +52,7 @@ def _open(path: Path, mode: str, **kwargs):
             **kwargs,
         )
     except OSError as error:
-        message = f"cannot open HDF5 file {path}: {_first_line(error)}"
+        message = f"cannot open HDF5 file {path}: {first_line(error)}"
         raise DatasetError(message, _DAMAGED_HINT) from error
 
 
@@ -115,7 +110,7 @@ class Hdf5Reader:
             return read()
         except (OSError, ValueError, KeyError) as error:
             raise DatasetError(
-                f"cannot read {self.path}: {_first_line(error)}", _DAMAGED_HINT
+                f"cannot read {self.path}: {first_line(error)}", _DAMAGED_HINT
             ) from error
 
     def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -196,7 +191,7 @@ def _committed_lengths(file, keys, where: Path) -> np.ndarray:
         lengths = file["episode_lengths"][:].astype(np.int64)
         rows = min(file[k].shape[0] for k in keys) if keys else 0
     except (OSError, KeyError) as error:
-        raise DatasetError(f"cannot read {where}: {_first_line(error)}", _DAMAGED_HINT) from error
+        raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
     # A kill between resize and write leaves a zero entry: it was never committed.
     committed = int(np.argmin(lengths > 0)) if np.any(lengths <= 0) else len(lengths)
     lengths = lengths[:committed]

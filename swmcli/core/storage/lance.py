@@ -32,7 +32,7 @@ from swmcli.core.storage import (
     schema_from_json,
     take_rows,
 )
-from swmcli.errors import DatasetError
+from swmcli.errors import DatasetError, first_line
 
 COMPACT_EVERY = 64
 PIXEL_ENCODING = "raw uint8, zstd"
@@ -52,11 +52,6 @@ def opened_in_this_process() -> bool:
 def _mark_opened() -> None:
     global _opened
     _opened = True
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else type(error).__name__
 
 
 def _arrow_schema(schema, metadata: dict):
@@ -119,7 +114,7 @@ class LanceReader:
             raw = (self._dataset.schema.metadata or {}).get(b"swm")
         except Exception as error:
             raise DatasetError(
-                f"cannot open Lance dataset {self.path}: {_first_line(error)}", _DAMAGED_HINT
+                f"cannot open Lance dataset {self.path}: {first_line(error)}", _DAMAGED_HINT
             ) from error
         if raw is None:
             raise DatasetError(
@@ -182,7 +177,7 @@ class LanceReader:
             return read()
         except Exception as error:
             raise DatasetError(
-                f"cannot read {self.path}: {_first_line(error)}", _DAMAGED_HINT
+                f"cannot read {self.path}: {first_line(error)}", _DAMAGED_HINT
             ) from error
 
     def _take(self, rows: np.ndarray, columns: list[str]):
