@@ -41,6 +41,7 @@ def make_env(env_id: str, resolution: int, max_episode_steps: int, seed: int | N
             f"resolution {resolution} is too small",
             hint=f"use --resolution {MIN_RESOLUTION} or more (64 and 224 are the usual sizes)",
         )
+    _check_frame_memory(resolution)
     with _usage_errors(env_id):
         if env_id == TWOROOM_ID:
             env = gym.make(
@@ -55,6 +56,29 @@ def make_env(env_id: str, resolution: int, max_episode_steps: int, seed: int | N
         env.reset(seed=seed)
         env.action_space.seed(seed)
     return env
+
+
+# Frames alive while rendering one step: the static background, the frame, masks and a resize.
+_FRAMES_WHILE_RENDERING = 8
+
+
+def _check_frame_memory(resolution: int) -> None:
+    """Refuse a resolution whose frames alone the host cannot hold, before anything is drawn."""
+    from swmcli.core.memory import available_host_bytes
+    from swmcli.errors import BudgetExceeded
+    from swmcli.units import format_bytes
+
+    needed = _FRAMES_WHILE_RENDERING * resolution * resolution * 3
+    available = available_host_bytes()
+    if needed > available:
+        largest = int((available / (_FRAMES_WHILE_RENDERING * 3)) ** 0.5)
+        raise BudgetExceeded(
+            f"rendering at resolution {resolution} needs about {format_bytes(needed)} of RAM but "
+            f"the host has {format_bytes(available)} available",
+            hint=f"use --resolution {largest} or less (64 and 224 are the usual sizes)",
+            needed=needed,
+            available=available,
+        )
 
 
 def goal_pixels(env) -> np.ndarray:

@@ -53,7 +53,9 @@ def _open(path: Path, mode: str, **kwargs):
         )
     except OSError as error:
         message = f"cannot open HDF5 file {path}: {first_line(error)}"
-        raise DatasetError(message, _DAMAGED_HINT) from error
+        # Reading, the file is the problem; creating, the place it goes is.
+        hint = _DAMAGED_HINT if mode in ("r", "r+", "a") else "check that --out is writable"
+        raise DatasetError(message, hint) from error
 
 
 def _check_length(path: Path) -> None:
