@@ -243,3 +243,50 @@ def _line_guess(known: dict[int, int], budget: int, low: int, high: int | None) 
     if slope <= 0:
         return max(n1, n2) + 1
     return math.floor(n1 + (budget - b1) / slope)
+
+
+def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device) -> int:
+    """Refuse, before anything is allocated, a training step the device cannot hold.
+
+    Predicts the configured step's peak (plus the CUDA allowance on a GPU) and compares it with
+    the device's free memory (the host's available RAM on a CPU). Returns the bytes predicted;
+    raises ``BudgetExceeded`` naming the largest batch size that fits.
+    """
+    import torch
+
+    from swmcli.core.memory import available_host_bytes
+    from swmcli.errors import BudgetExceeded
+    from swmcli.units import format_bytes
+
+    probe = cfg.model_copy(deep=True)
+    probe.env.resolution = resolution
+    step = {
+        "pixels": np.zeros((resolution, resolution, 3), np.uint8),
+        "action": np.zeros(action_dim, np.float32),
+    }
+    predictor = PeakPredictor(probe, step)
+    on_cuda = torch.device(device).type == "cuda"
+    available = torch.cuda.mem_get_info(device)[0] if on_cuda else available_host_bytes()
+
+    def need(batch_size: int) -> int:
+        variant = Variant(
+            "train", cfg.train.bf16, batch_size, cfg.data.history_len, cfg.data.frameskip
+        )
+        if on_cuda:
+            return predictor.needed_bytes(variant)
+        return predictor.predict(variant).peak_bytes
+
+    needed = need(cfg.train.batch_size)
+    if needed <= available:
+        return needed
+    known = {cfg.train.batch_size: needed, 1: need(1)}
+    best = largest_fitting(need, available, known)
+    raise BudgetExceeded(
+        f"a training step at batch size {cfg.train.batch_size} needs about "
+        f"{format_bytes(needed)} but {format_bytes(available)} is free on {device}",
+        hint=f"use --batch-size {best} or less, or --bf16 (`swm memprofile` shows the options)"
+        if best
+        else "lower --resolution or --history-len (even batch size 1 does not fit)",
+        needed=needed,
+        available=available,
+    )

@@ -22,6 +22,7 @@ from swmcli.config import SwmConfig, load_run_config, save_config
 from swmcli.errors import DatasetError, SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, info, progress
+from swmcli.units import format_bytes
 
 METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"
@@ -254,6 +255,7 @@ def run_train(
         restore_rng,
         save_checkpoint,
     )
+    from swmcli.prediction import check_training_fits
 
     cfg = _prepare_run(cfg, resume, steps)
     run_dir = Path(cfg.train.out)
@@ -263,8 +265,12 @@ def run_train(
     untrack_tensors_if_compiling(runner, monitor)
     compiled = "on" if runner.compile else "off"
     info(f"device {runner.device}; {runner.dtype_reason}; compile {compiled}")
-    with monitor.phase("setup"):
+    with monitor.phase("preflight", track_tensors=False):
         dataset, episodes, metadata = open_training_data(cfg)
+        args = model_args(cfg, metadata)
+        needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
+        info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
+    with monitor.phase("setup"):
         model, optimizer = _build(cfg, metadata)
         state = load_checkpoint(run_dir) if resume else None
         start = state["step"] if state else 0
@@ -285,7 +291,6 @@ def run_train(
             restore_rng(state)  # ... so the checkpointed state is restored after it
         _trim_metrics(run_dir / METRICS_FILE, start)
     model.train()
-    args = model_args(cfg, metadata)
 
     def checkpoint(step: int) -> None:
         save_checkpoint(run_dir, model=model, optimizer=optimizer, step=step, model_args=args)

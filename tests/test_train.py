@@ -55,6 +55,7 @@ def test_tiny_preset_learns_without_collapse(tiny_data, tmp_path):
     assert result.fields["train_episodes"] == 8  # 10 collected, eval.heldout_episodes = 2 kept out
     assert result.fields["steady_clips_per_s"] > 0
     assert [p.name for p in monitor.report.phases] == [
+        "preflight",
         "setup",
         "first step (incl. compile)",
         "steady state",
@@ -196,7 +197,8 @@ def test_compile_trains_and_saves_plain_weights(tiny_data, tmp_path):
     )
     assert result.fields["compile"] is True
     # Tracking would have made compile a silent no-op: it is off, and graphs were compiled.
-    assert monitor.report.phases[1].live_tensor_peak_bytes is None
+    first = next(p for p in monitor.report.phases if p.name.startswith("first step"))
+    assert first.live_tensor_peak_bytes is None
     assert counters["stats"]["unique_graphs"] >= 2, "encoder and predictor each compiled"
     keys = load_checkpoint(run_dir)["model"].keys()
     assert not any("_orig_mod" in key for key in keys)
@@ -222,3 +224,30 @@ def test_refuses_batches_larger_than_the_data_and_runs_inside_datasets(tiny_data
         run_train(big, MemoryMonitor())
     with pytest.raises(UsageError, match="is a dataset"):
         run_train(_cfg(tiny_data, tiny_data), MemoryMonitor())
+
+
+def test_preflight_predicts_the_step_it_then_measures(tiny_data, tmp_path):
+    from swmcli.prediction import check_training_fits
+
+    cfg = _cfg(tiny_data, tmp_path / "run")
+    predicted = check_training_fits(cfg, 32, 2, "cpu")
+    monitor = MemoryMonitor(track_tensors=True)
+    run_train(cfg, monitor)
+    measured = next(p for p in monitor.report.phases if p.name == "steady state")
+    assert abs(predicted - measured.live_tensor_peak_bytes) <= 0.05 * predicted
+
+
+def test_preflight_refuses_a_step_the_host_cannot_hold(tiny_data, tmp_path):
+    import re
+
+    from swmcli.core.memory import available_host_bytes
+    from swmcli.errors import BudgetExceeded
+    from swmcli.prediction import check_training_fits
+
+    cfg = _cfg(tiny_data, tmp_path / "run", **{"train.batch_size": 1_000_000})
+    with pytest.raises(BudgetExceeded) as caught:
+        check_training_fits(cfg, 32, 2, "cpu")
+    assert caught.value.needed > available_host_bytes()
+    best = int(re.search(r"--batch-size (\d+)", caught.value.hint).group(1))
+    cfg.train.batch_size = best
+    assert check_training_fits(cfg, 32, 2, "cpu") <= available_host_bytes()

@@ -177,7 +177,9 @@ class MemoryMonitor:
         self.report = MemoryReport(cuda=cuda_status())
 
     @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str, track_tensors: bool | None = None) -> Iterator[None]:
+        """Measure the block as phase ``name``; ``track_tensors`` overrides the monitor's choice
+        (off for a block that traces fake tensors of its own)."""
         self.report.cuda = cuda_status()
         use_cuda = self.report.cuda == "cuda"
         torch = sys.modules.get("torch")
@@ -185,7 +187,8 @@ class MemoryMonitor:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         reset_peak_rss()
-        live = LiveTensorBytes() if self.track_tensors and not use_cuda else None
+        track = self.track_tensors if track_tensors is None else track_tensors
+        live = LiveTensorBytes() if track and not use_cuda else None
         start = time.perf_counter()
         try:
             if live is not None:
