@@ -297,3 +297,11 @@ def test_hdf5_refuses_a_second_writer_while_one_is_live(tmp_path):
     finally:
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def test_folder_with_a_deleted_frame_is_a_clear_error(tmp_path):
+    path = tmp_path / "frames"
+    write(path, [make_episode(seed, 5) for seed in range(2)], fmt="folder")
+    next(path.glob("episode_000001/pixels/*.png")).unlink()
+    with pytest.raises(DatasetError, match="4 frames for 5 steps"):
+        open_reader(path).episode_lengths  # noqa: B018 (the scan is the check)

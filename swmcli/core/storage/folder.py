@@ -93,8 +93,21 @@ class FolderReader:
         """Rows of each episode (reads every episode's arrays once; cache it with cache_dir)."""
         if self._lengths is None:
             lengths = [len(self._episode_arrays(i)["step_idx"]) for i in range(self.num_episodes)]
+            self._check_frames(lengths)
             self.set_episode_lengths(np.array(lengths, dtype=np.int64))
         return self._lengths
+
+    def _check_frames(self, lengths: list[int]) -> None:
+        """Every episode has one PNG per step for every image key (a deleted frame is damage)."""
+        png_keys = [key for key, (dtype, shape) in self.keys.items() if _is_png_key(dtype, shape)]
+        for directory, length in zip(self._dirs, lengths, strict=False):
+            for key in png_keys:
+                frames = sum(1 for _ in (directory / key).glob("*.png"))
+                if frames != length:
+                    raise DatasetError(
+                        f"{directory / key} holds {frames} frames for {length} steps",
+                        _DAMAGED_HINT,
+                    )
 
     def set_episode_lengths(self, lengths: np.ndarray) -> None:
         """Use a cached episode index instead of scanning (of the first episodes, if the folder
