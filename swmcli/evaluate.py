@@ -111,9 +111,10 @@ def _episode_windows(episode: dict[str, np.ndarray], frameskip: int, horizon: in
 def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     """Per horizon step: the model's latent MSE and the "no change" baseline's, held-out data."""
     from swmcli.core.storage import open_reader
+    from swmcli.train import first_heldout_episode
 
     reader = open_reader(cfg.data.path)
-    first = max(reader.num_episodes - cfg.eval.heldout_episodes, 0)
+    first = first_heldout_episode(reader.num_episodes, cfg)
     frames, blocks = [], []
     for index in range(first, reader.num_episodes):
         episode = reader.read_episode(index, keys=["pixels", "action"])

@@ -58,6 +58,12 @@ def clip_order(num_clips: int, clips_per_step: int, first_step: int, last_step: 
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
+def first_heldout_episode(num_episodes: int, cfg: SwmConfig) -> int:
+    """Episodes from this index on are kept out of training for evaluation (the last
+    ``eval.heldout_episodes``): train and eval split the dataset with this one rule."""
+    return max(num_episodes - cfg.eval.heldout_episodes, 0)
+
+
 def open_training_data(cfg: SwmConfig):
     """The clips to train on (all episodes but the last ``eval.heldout_episodes``).
 
@@ -78,7 +84,7 @@ def open_training_data(cfg: SwmConfig):
 
     everything = load(None)
     total = len(everything.episode_lengths)
-    keep = total - cfg.eval.heldout_episodes
+    keep = first_heldout_episode(total, cfg)
     if keep < 1:
         raise DatasetError(
             f"{cfg.data.path} has {total} episodes; {cfg.eval.heldout_episodes} are held out "

@@ -251,3 +251,11 @@ def test_preflight_refuses_a_step_the_host_cannot_hold(tiny_data, tmp_path):
     best = int(re.search(r"--batch-size (\d+)", caught.value.hint).group(1))
     cfg.train.batch_size = best
     assert check_training_fits(cfg, 32, 2, "cpu") <= available_host_bytes()
+
+
+def test_train_and_eval_split_episodes_with_one_rule():
+    from swmcli.train import first_heldout_episode
+
+    cfg = resolve_config("tiny")  # eval.heldout_episodes = 2
+    assert first_heldout_episode(10, cfg) == 8
+    assert first_heldout_episode(1, cfg) == 0
