@@ -94,16 +94,16 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
             env.close()
     seconds = time.perf_counter() - start
 
-    from swmcli.core.storage import detect, open_reader
+    from swmcli.core.storage import open_reader
 
     reader = open_reader(settings.out)
     config_path = settings.out.with_name(settings.out.name + ".config.json")
     config_path.write_text(cfg.model_dump_json(indent=2) + "\n")
-    return CommandResult(
+    result = CommandResult(
         title="collect",
         fields={
             "out": str(settings.out),
-            "format": detect(settings.out),
+            "format": reader.format,
             "env": cfg.env.id,
             "policy": settings.policy,
             "episodes": episodes,
@@ -118,6 +118,8 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         },
         notes=[f"resolved config saved to {config_path}"],
     )
+    reader.close()
+    return result
 
 
 def _rollouts(env, policy, buffer, writer, settings, action_dim, advance) -> tuple[int, int]:
