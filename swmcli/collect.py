@@ -50,8 +50,24 @@ def episode_rows(
     yield _row(obs, np.full(action_dim, np.nan, np.float32), reward, term, trunc or not term)
 
 
+def episode_seed(seed: int, index: int) -> int:
+    """The seed of episode ``index`` of a dataset collected with ``--seed seed``.
+
+    A function of (seed, index) only, so appending continues with new episodes instead of
+    repeating the first ones, and two runs of 20 episodes write what one run of 40 writes.
+    """
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
+def step_target(settings) -> int | None:
+    """Steps to collect: ``--steps``; else none with ``--episodes``; else the buffer's worth."""
+    if settings.steps is not None:
+        return settings.steps
+    return None if settings.episodes is not None else settings.max_steps
+
+
 def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
-    """Collect ``cfg.collect.episodes`` episodes (or exactly ``cfg.collect.steps`` steps)."""
+    """Collect ``--episodes`` episodes, or exactly ``--steps`` (default: ``--max-steps``) steps."""
     from swmcli.core.buffer import ReplayBuffer
     from swmcli.core.storage import open_writer
     from swmcli.envs import make_env
@@ -62,7 +78,7 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         env = make_env(
             cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, seed=settings.seed
         )
-        policy = make_policy(settings.policy, env, settings.seed)
+        make_policy(settings.policy, env, settings.seed)  # refuses a policy the env cannot run
         action_dim = action_dim_of(env)
         buffer = ReplayBuffer(settings.max_steps, seed=settings.seed)
         # A first row triggers the buffer's preflight and allocation before anything is written
@@ -78,16 +94,17 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         }
         writer = open_writer(settings.out, settings.format, mode="append", metadata=metadata)
 
-    total = settings.steps or settings.episodes
+    target = step_target(settings)
     episodes = steps = 0
     start = time.perf_counter()
+    total = target or settings.episodes
     with monitor.phase("collect"), writer, progress("collect", total) as advance:
         try:
-            episodes, steps = _rollouts(env, policy, buffer, writer, settings, action_dim, advance)
+            episodes, steps = _rollouts(env, buffer, writer, settings, target, action_dim, advance)
         except KeyboardInterrupt:
             raise SwmError(
                 f"interrupted: every finished episode is saved in {settings.out}",
-                hint="run the same command again to append more",
+                hint="run the same command again to append more: new episodes get new seeds",
                 exit_code=130,
             ) from None
         finally:
@@ -122,22 +139,24 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
     return result
 
 
-def _rollouts(env, policy, buffer, writer, settings, action_dim, advance) -> tuple[int, int]:
-    """Roll out episodes until enough (or exactly ``settings.steps`` steps) are saved."""
+def _rollouts(env, buffer, writer, settings, target, action_dim, advance) -> tuple[int, int]:
+    """Roll out episodes until ``settings.episodes`` are saved, or exactly ``target`` steps."""
+    from swmcli.envs.policies import make_policy
+
     episodes = steps = 0
-    seed = settings.seed
     while True:
-        limit = None if settings.steps is None else settings.steps - steps
+        limit = None if target is None else target - steps
+        seed = episode_seed(settings.seed, writer.num_episodes)
+        policy = make_policy(settings.policy, env, seed)
         for row in episode_rows(env, policy, action_dim, seed=seed, limit=limit):
             buffer.add(row)
-            if settings.steps is not None:
+            if target is not None:
                 advance(1)
-        seed = None  # later resets continue the env's seeded stream
         buffer.end_episode()
         episode = buffer.last_episode()
         writer.write_episode(episode)
         episodes, steps = episodes + 1, steps + len(episode["action"])
-        advance(0 if settings.steps else 1, episodes=episodes, steps=steps)
-        done = steps >= settings.steps if settings.steps else episodes >= settings.episodes
+        advance(0 if target else 1, episodes=episodes, steps=steps)
+        done = steps >= target if target is not None else episodes >= settings.episodes
         if done:
             return episodes, steps

@@ -33,9 +33,17 @@ class EnvConfig(Section):
 class CollectConfig(Section):
     """`swm collect`: roll out a policy through the capped ReplayBuffer into a dataset."""
 
-    episodes: PositiveInt = Field(20, description="finished episodes to collect")
-    steps: PositiveInt | None = Field(None, description="stop after this many steps instead")
-    max_steps: PositiveInt = Field(200_000, description="ReplayBuffer cap in steps (host RAM)")
+    episodes: PositiveInt | None = Field(
+        None, description="finished episodes to collect; default: fill --max-steps"
+    )
+    steps: PositiveInt | None = Field(
+        None, description="collect exactly this many steps; default: --max-steps"
+    )
+    max_steps: PositiveInt = Field(
+        200_000,
+        description="ReplayBuffer cap in steps (host RAM); without --episodes or --steps, "
+        "collect stops once this many steps are written",
+    )
     policy: Literal["expert", "random"] = "expert"
     out: Path = Path("data/tworoom.lance")
     format: Literal["lance", "hdf5", "folder"] | None = Field(

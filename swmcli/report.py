@@ -46,9 +46,22 @@ def _stdout_console():
     return Console()
 
 
+PLAIN_PROGRESS_SECONDS = 10.0  # a plain progress line at least this often when stderr is no terminal
+PLAIN_PROGRESS_FRACTION = 0.05  # ... or every 5% of the total, whichever comes first
+
+
 @contextmanager
 def progress(description: str, total: int | None) -> Iterator[Callable[..., None]]:
-    """A Rich progress bar on stderr; yields ``advance(n=1, **fields)`` (fields: status text)."""
+    """Progress on stderr; yields ``advance(n=1, **fields)`` (fields: status text).
+
+    A Rich bar on a terminal; where stderr is not one (CI logs, ``nohup``, pipes) a plain line
+    every ~10 s or 5% (count, rate, ETA), so a long run is never silent.
+    """
+    console = _stderr_console()
+    if not console.is_terminal:
+        with _plain_progress(console, description, total) as advance:
+            yield advance
+        return
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -66,14 +79,59 @@ def progress(description: str, total: int | None) -> Iterator[Callable[..., None
         TimeRemainingColumn(),
         TextColumn("{task.fields[status]}"),
     ]
-    with Progress(*columns, console=_stderr_console(), transient=False) as bar:
+    with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(description, total=total, status="")
 
         def advance(n: int = 1, **status: Any) -> None:
-            text = "  ".join(f"{k} {_cell(k, v)}" for k, v in status.items())
-            bar.update(task, advance=n, status=text)
+            bar.update(task, advance=n, status=_status_text(status))
 
         yield advance
+
+
+@contextmanager
+def _plain_progress(console, description: str, total: int | None):
+    """Plain progress lines for a non-terminal stderr: ``train 120/2000 (6%) 11.2/s ETA 2m48s``."""
+    import time
+
+    start = last_time = time.monotonic()
+    done = last_done = 0
+    text = ""
+
+    def line(now: float) -> str:
+        rate = done / max(now - start, 1e-9)
+        count = f"{done}/{total} ({100 * done / total:.0f}%)" if total else str(done)
+        eta = ""
+        if total and rate > 0:
+            eta = f" ETA {format_seconds((total - done) / rate)}"
+        return f"{description} {count} {rate:.3g}/s{eta} {text}".rstrip()
+
+    def advance(n: int = 1, **status: Any) -> None:
+        nonlocal done, last_time, last_done, text
+        done += n
+        text = _status_text(status) or text
+        now = time.monotonic()
+        step = PLAIN_PROGRESS_FRACTION * total if total else float("inf")
+        if now - last_time >= PLAIN_PROGRESS_SECONDS or done - last_done >= step:
+            console.print(line(now), highlight=False, soft_wrap=True)
+            last_time, last_done = now, done
+
+    yield advance
+    if done != last_done:
+        console.print(line(time.monotonic()), highlight=False, soft_wrap=True)
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration a person reads at a glance: ``42s``, ``2m48s``, ``1h05m``."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _status_text(status: dict[str, Any]) -> str:
+    return "  ".join(f"{k} {_cell(k, v)}" for k, v in status.items())
 
 
 def _cell(key: str, value: Any) -> str:
@@ -160,7 +218,7 @@ def emit(result: CommandResult, memory, as_json: bool) -> None:
             "notes": result.notes,
             "memory": memory.to_dict(),
         }
-        sys.stdout.write(json.dumps(payload, default=str) + "\n")
+        sys.stdout.write(json.dumps(payload, default=_json_value) + "\n")
         return
     console = _stdout_console()
     console.print(_fields_table(result))
@@ -169,6 +227,15 @@ def emit(result: CommandResult, memory, as_json: bool) -> None:
     for note in result.notes:
         console.print(f"[dim]{note}[/dim]")
     console.print(memory_panel(memory))
+
+
+def _json_value(value: Any) -> Any:
+    """JSON for what ``json`` does not know: numpy numbers stay numbers, arrays and shapes lists."""
+    if hasattr(value, "tolist"):  # numpy scalars and arrays, torch.Size, torch tensors
+        return value.tolist()
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
+    return str(value)  # paths, dtypes
 
 
 def error(message: str, hint: str | None) -> None:

@@ -47,6 +47,29 @@ def test_collect_appends_to_an_existing_dataset(tmp_path):
     assert open_reader(out).num_episodes == 4
 
 
+def test_appending_continues_with_new_episodes(tmp_path):
+    """Running the same collect twice appends new episodes, the ones a single longer run writes."""
+    twice, once = tmp_path / "twice.h5", tmp_path / "once.h5"
+    for _ in range(2):
+        assert _collect("--out", str(twice), "--episodes", "3").exit_code == 0
+    assert _collect("--out", str(once), "--episodes", "6").exit_code == 0
+    twice_reader, once_reader = open_reader(twice), open_reader(once)
+    pixels = [twice_reader.read_episode(i)["pixels"] for i in range(6)]
+    for i in range(3):
+        assert not np.array_equal(pixels[i][0], pixels[i + 3][0])
+    for i in range(6):
+        assert np.array_equal(pixels[i], once_reader.read_episode(i)["pixels"])
+
+
+def test_max_steps_alone_collects_the_buffers_worth(tmp_path):
+    out = tmp_path / "full.lance"
+    args = ["collect", "--env", "swm/TwoRoom-v0", "--resolution", "16", "--max-steps", "150"]
+    result = runner.invoke(app, [*args, "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["steps"] == 150
+    assert open_reader(out).num_steps == 150
+
+
 @pytest.mark.parametrize("suffix", ["h5", "frames"])
 def test_collect_exact_steps_in_other_formats(tmp_path, suffix):
     fmt = {"h5": [], "frames": ["--format", "folder"]}[suffix]
@@ -126,3 +149,11 @@ def test_sigterm_stops_like_ctrl_c(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in err
     assert _episodes(out) >= 1
+
+
+def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path):
+    result = _collect("--out", str(tmp_path / "p.h5"), "--steps", "60")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("collect ")]
+    assert lines and lines[-1].startswith("collect 60/60 (100%)")
+    assert "/s" in lines[-1]
