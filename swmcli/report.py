@@ -46,7 +46,7 @@ def _stdout_console():
     return Console()
 
 
-PLAIN_PROGRESS_SECONDS = 10.0  # a plain progress line at least this often when stderr is no terminal
+PLAIN_PROGRESS_SECONDS = 10.0  # off a terminal, a plain progress line at least this often
 PLAIN_PROGRESS_FRACTION = 0.05  # ... or every 5% of the total, whichever comes first
 
 
@@ -122,7 +122,7 @@ def _plain_progress(console, description: str, total: int | None):
 
 def format_seconds(seconds: float) -> str:
     """A duration a person reads at a glance: ``42s``, ``2m48s``, ``1h05m``."""
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
