@@ -325,7 +325,13 @@ def run_train(
 
 
 def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) -> dict:
-    """Steps ``start .. train.steps-1``: the first alone (it compiles), then the steady state."""
+    """Steps ``start .. train.steps-1``: the first alone (it compiles), then the steady state.
+
+    Ctrl-C or SIGTERM stops after the step in progress, with a checkpoint at that step, so
+    ``--resume`` continues from there (exit code 130).
+    """
+    from swmcli.core.interrupts import deferred_interrupts
+
     run_dir = Path(cfg.train.out)
     clips_per_step = cfg.train.batch_size * cfg.train.grad_accum
     last: dict[str, float] = {}
@@ -333,6 +339,7 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) ->
     with (
         progress("train", total=cfg.train.steps - start) as advance,
         open(run_dir / METRICS_FILE, "a") as metrics,
+        deferred_interrupts() as interrupted,
     ):
 
         def run(steps: range) -> None:
@@ -349,9 +356,16 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) ->
                 if done % cfg.train.log_every == 0 or done == cfg.train.steps or step == start:
                     metrics.write(json.dumps({"step": done, **last}) + "\n")
                     metrics.flush()
-                if done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps:
+                saved = done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps
+                if saved or interrupted():
                     checkpoint(done)
                 advance(1, loss=last["loss"], clips_per_s=round(last["clips_per_s"], 1))
+                if interrupted():
+                    raise SwmError(
+                        f"interrupted after step {done}: checkpoint saved in {run_dir}",
+                        hint=f"swm train --out {run_dir} --resume continues from step {done}",
+                        exit_code=130,
+                    )
 
         with monitor.phase("first step (incl. compile)"):
             run(range(start, start + 1))

@@ -259,3 +259,38 @@ def test_train_and_eval_split_episodes_with_one_rule():
     cfg = resolve_config("tiny")  # eval.heldout_episodes = 2
     assert first_heldout_episode(10, cfg) == 8
     assert first_heldout_episode(1, cfg) == 0
+
+
+@pytest.mark.parametrize("suffix", ["lance", "h5"])
+def test_sigterm_checkpoints_the_current_step_and_prints_no_traceback(tmp_path, suffix):
+    data = tmp_path / f"tiny.{suffix}"
+    run_collect(resolve_config("tiny", flags={"collect.out": data}), MemoryMonitor())
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "swmcli", "train", "--preset", "tiny", "--data", str(data)]
+    command += ["--out", str(run_dir)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    no_periodic_checkpoint = ["--set", "train.log_every=1", "--set", "train.checkpoint_every=1000"]
+    process = subprocess.Popen(
+        [*command, "--steps", "400", *no_periodic_checkpoint],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    metrics = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline and (
+        not metrics.exists() or len(metrics.read_text().splitlines()) < 3
+    ):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    output = (stdout + stderr).decode()
+    assert process.returncode == 130, output
+    assert "Traceback" not in output
+    saved = load_checkpoint(run_dir)["step"]
+    assert 3 <= saved < 400 and saved == _metrics(run_dir)[-1]["step"]
+    assert f"--resume continues from step {saved}" in output
+    resume = [*command, "--resume", "--steps", str(saved + 2)]
+    resumed = subprocess.run(resume, env=env, capture_output=True)
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    assert load_checkpoint(run_dir)["step"] == saved + 2

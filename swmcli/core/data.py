@@ -15,6 +15,7 @@ dataset anyway, ``make_loader`` switches to a forkserver context; the user never
 import hashlib
 import multiprocessing
 import os
+import signal
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -222,7 +223,12 @@ def _describe_fork_safe(path: Path, cache_dir: Path | None) -> dict:
     # child and every forked worker inherit it instead of each paying the import.
     import lance  # noqa: F401
 
-    with _quiet_lance_fork_warning(), multiprocessing.get_context("fork").Pool(1) as pool:
+    # The child takes back SIGTERM's default action: the pool's exit terminates it, and the CLI's
+    # handler (raise KeyboardInterrupt) would print a child traceback instead of ending quietly.
+    default_sigterm = (signal.SIGTERM, signal.SIG_DFL)
+    with _quiet_lance_fork_warning():
+        pool = multiprocessing.get_context("fork").Pool(1, signal.signal, default_sigterm)
+    with pool:
         status, payload = pool.apply(_describe_in_child, (path, cache_dir))
     if status == "ok":
         return payload
