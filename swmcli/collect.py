@@ -69,6 +69,7 @@ def step_target(settings) -> int | None:
 def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
     """Collect ``--episodes`` episodes, or exactly ``--steps`` (default: ``--max-steps``) steps."""
     from swmcli.core.buffer import ReplayBuffer
+    from swmcli.core.interrupts import deferred_interrupts
     from swmcli.core.storage import open_writer
     from swmcli.envs import make_env
     from swmcli.envs.policies import make_policy
@@ -98,9 +99,16 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
     episodes = steps = 0
     start = time.perf_counter()
     total = target or settings.episodes
-    with monitor.phase("collect"), writer, progress("collect", total) as advance:
+    with (
+        monitor.phase("collect"),
+        writer,
+        progress("collect", total) as advance,
+        deferred_interrupts() as interrupted,
+    ):
         try:
-            episodes, steps = _rollouts(env, buffer, writer, settings, target, action_dim, advance)
+            episodes, steps = _rollouts(
+                env, buffer, writer, settings, target, action_dim, advance, interrupted
+            )
         except KeyboardInterrupt:
             raise SwmError(
                 f"interrupted: every finished episode is saved in {settings.out}",
@@ -139,8 +147,14 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
     return result
 
 
-def _rollouts(env, buffer, writer, settings, target, action_dim, advance) -> tuple[int, int]:
-    """Roll out episodes until ``settings.episodes`` are saved, or exactly ``target`` steps."""
+def _rollouts(
+    env, buffer, writer, settings, target, action_dim, advance, interrupted
+) -> tuple[int, int]:
+    """Roll out episodes until ``settings.episodes`` are saved, or exactly ``target`` steps.
+
+    Ctrl-C or SIGTERM (``interrupted()``) stops between rows, never inside a write: the episode
+    in progress is dropped and every finished one is already on disk.
+    """
     from swmcli.envs.policies import make_policy
 
     episodes = steps = 0
@@ -149,6 +163,8 @@ def _rollouts(env, buffer, writer, settings, target, action_dim, advance) -> tup
         seed = episode_seed(settings.seed, writer.num_episodes)
         policy = make_policy(settings.policy, env, seed)
         for row in episode_rows(env, policy, action_dim, seed=seed, limit=limit):
+            if interrupted():
+                raise KeyboardInterrupt
             buffer.add(row)
             if target is not None:
                 advance(1)

@@ -136,8 +136,9 @@ def test_same_seed_collects_the_same_dataset(tmp_path):
             np.testing.assert_array_equal(a[key], b[key])
 
 
-def test_sigterm_stops_like_ctrl_c(tmp_path):
-    out = tmp_path / "term.lance"
+@pytest.mark.parametrize("suffix", ["lance", "h5", "h5"])  # HDF5 ignored it every other time
+def test_sigterm_stops_like_ctrl_c(tmp_path, suffix):
+    out = tmp_path / f"term.{suffix}"
     command = ["collect", "--preset", "tiny", "--out", str(out), "--episodes", "100000"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "swmcli", *command], stderr=subprocess.PIPE, text=True
