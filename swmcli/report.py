@@ -26,12 +26,14 @@ class Table:
 
 @dataclass
 class CommandResult:
-    """What a command produced: key figures (JSON-able), extra tables and notes for the reader."""
+    """What a command produced: key figures (JSON-able), extra tables, notes for the reader, and
+    the warnings already shown while it ran (kept for ``--json``)."""
 
     title: str
     fields: dict[str, Any]
     tables: list[Table] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _stderr_console():
@@ -216,6 +218,7 @@ def emit(result: CommandResult, memory, as_json: bool) -> None:
             **result.fields,
             "tables": [asdict(t) for t in result.tables],
             "notes": result.notes,
+            "warnings": result.warnings,
             "memory": memory.to_dict(),
         }
         sys.stdout.write(json.dumps(payload, default=_json_value) + "\n")
@@ -246,6 +249,16 @@ def error(message: str, hint: str | None) -> None:
     console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     if hint:
         console.print(f"[yellow]hint:[/yellow] {escape(hint)}", highlight=False, soft_wrap=True)
+
+
+def warn(message: str) -> str:
+    """A warning on stderr, shown once when it arises; returns it for ``CommandResult.warnings``."""
+    from rich.markup import escape
+
+    _stderr_console().print(
+        f"[bold yellow]warning:[/bold yellow] {escape(message)}", highlight=False
+    )
+    return message
 
 
 def info(message: str) -> None:

@@ -21,12 +21,13 @@ import numpy as np
 from swmcli.config import SwmConfig, load_run_config, save_config
 from swmcli.errors import DatasetError, SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path
-from swmcli.report import CommandResult, info, progress
+from swmcli.report import CommandResult, format_seconds, info, progress, warn
 from swmcli.units import format_bytes
 
 METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"
 TRAIN_KEYS = ["pixels", "action"]  # the only keys the loss reads: the loader fetches nothing else
+PASSES_WARNING = 50  # more passes than this over the training clips and the model memorises them
 WARMUP_FRACTION = 0.05
 FINAL_LR_FRACTION = 0.1
 
@@ -276,6 +277,7 @@ def run_train(
         args = model_args(cfg, metadata)
         needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
         info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
+        warnings = _passes_warning(cfg, len(dataset))
     with monitor.phase("setup"):
         model, optimizer = _build(cfg, metadata)
         state = load_checkpoint(run_dir) if resume else None
@@ -321,7 +323,22 @@ def run_train(
             "loss_curve": str(run_dir / LOSS_CURVE_FILE),
         },
         notes=[runner.dtype_reason],
+        warnings=warnings,
     )
+
+
+def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
+    """Warn (once, now) when the run makes more than ``PASSES_WARNING`` passes over the data."""
+    passes = cfg.train.steps * cfg.train.batch_size * cfg.train.grad_accum / train_clips
+    if passes <= PASSES_WARNING:
+        return []
+    return [
+        warn(
+            f"{cfg.train.steps} steps make {passes:.0f} passes over {train_clips} training clips: "
+            "the model will memorise them and plan poorly. Collect more data "
+            "(swm collect --max-steps 200000) or lower --steps"
+        )
+    ]
 
 
 def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) -> dict:
@@ -360,6 +377,12 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) ->
                 if saved or interrupted():
                     checkpoint(done)
                 advance(1, loss=last["loss"], clips_per_s=round(last["clips_per_s"], 1))
+                if step == start + 1 and done < cfg.train.steps:
+                    remaining = cfg.train.steps - done
+                    info(
+                        f"estimate: about {format_seconds(remaining * seconds)} for the remaining "
+                        f"{remaining} steps ({seconds:.3g} s per step, measured on step {done})"
+                    )
                 if interrupted():
                     raise SwmError(
                         f"interrupted after step {done}: checkpoint saved in {run_dir}",
@@ -384,37 +407,32 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) ->
 
 
 def draw_loss_curve(metrics_path: Path, picture_path: Path) -> Path | None:
-    """A PNG of total and prediction loss against step, drawn with Pillow from metrics.jsonl."""
-    from PIL import Image, ImageDraw
+    """A PNG of the total and prediction losses against the step, from ``metrics.jsonl``.
 
+    Log-scaled when every loss is positive (losses fall by orders of magnitude, then flatten),
+    with labelled axes, a grid and a legend; nothing is drawn for fewer than two logged steps.
+    """
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     if len(rows) < 2:
         return None
-    width, height, margin = 640, 360, 48
-    image = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(image)
-    steps = [row["step"] for row in rows]
-    series = {"loss": (31, 119, 180), "prediction": (255, 127, 14)}
-    values = [row[key] for row in rows for key in series if key in row]
-    low, high = min(values), max(values)
-    # A log scale when it can be: losses fall by orders of magnitude, then flatten.
-    scale = math.log10 if low > 0 else float
-    span_x, span_y = max(steps[-1] - steps[0], 1), max(scale(high) - scale(low), 1e-12)
+    import matplotlib
 
-    def point(step: float, value: float) -> tuple[float, float]:
-        x = margin + (step - steps[0]) / span_x * (width - 2 * margin)
-        y = height - margin - (scale(value) - scale(low)) / span_y * (height - 2 * margin)
-        return x, y
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
 
-    draw.rectangle([margin, margin, width - margin, height - margin], outline="black")
-    for key, colour in series.items():
-        line = [point(row["step"], row[key]) for row in rows if key in row]
-        draw.line(line, fill=colour, width=2)
-    axis = "log scale" if low > 0 else "linear scale"
-    draw.text((margin, 12), f"loss, {axis} (blue: total, orange: prediction MSE)", fill="black")
-    draw.text((4, margin - 6), f"{high:.3g}", fill="black")
-    draw.text((4, height - margin - 6), f"{low:.3g}", fill="black")
-    draw.text((margin, height - margin + 8), f"step {steps[0]}", fill="black")
-    draw.text((width - margin - 60, height - margin + 8), f"step {steps[-1]}", fill="black")
-    image.save(picture_path)
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=80)
+    labels = {"loss": "total loss", "prediction": "prediction MSE (next latent)"}
+    for key, label in labels.items():
+        points = [(row["step"], row[key]) for row in rows if key in row]
+        axes.plot(*zip(*points, strict=True), label=label, linewidth=1.5)
+    if all(row[key] > 0 for row in rows for key in labels if key in row):
+        axes.set_yscale("log")
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("training loss")
+    axes.set_title(f"{picture_path.parent.name}: training loss")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(picture_path)
+    plt.close(figure)
     return picture_path

@@ -294,3 +294,20 @@ def test_sigterm_checkpoints_the_current_step_and_prints_no_traceback(tmp_path, 
     resumed = subprocess.run(resume, env=env, capture_output=True)
     assert resumed.returncode == 0, resumed.stderr.decode()
     assert load_checkpoint(run_dir)["step"] == saved + 2
+
+
+def test_many_passes_warn_once_and_stay_in_json(tiny_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from swmcli.cli import app
+    from swmcli.train import open_training_data
+
+    clips = len(open_training_data(_cfg(tiny_data, tmp_path / "r"))[0])
+    command = ["train", "--preset", "tiny", "--data", str(tiny_data), "--out", str(tmp_path / "r")]
+    passes = ["--steps", "51", "--batch-size", str(clips)]  # each step one pass over the data
+    result = CliRunner().invoke(app, [*command, *passes, "--json"])
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(result.stdout)["warnings"]
+    assert len(warnings) == 1 and "passes over" in warnings[0]
+    assert result.stderr.count("passes over") == 1
+    assert "estimate: about" in result.stderr
