@@ -1,4 +1,9 @@
-"""The errors swm turns into one line, a hint and an exit code (1 runtime, 2 usage, 130 ^C)."""
+"""The errors swm turns into one line, a hint and an exit code (1 runtime, 2 usage, 130 ^C).
+
+A bad argument is also the Python exception a library user expects: every ``UsageError`` is a
+``ValueError``, a missing key a ``KeyError``, an index out of range an ``IndexError`` and a path
+that does not exist a ``FileNotFoundError``; ``DatasetError`` is kept for damaged data.
+"""
 
 
 class SwmError(Exception):
@@ -13,11 +18,26 @@ class SwmError(Exception):
         if exit_code is not None:
             self.exit_code = exit_code
 
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.message
 
-class UsageError(SwmError):
+
+class UsageError(SwmError, ValueError):
     """Bad flags, config or values: the user must change the command (exit 2)."""
 
     exit_code = 2
+
+
+class MissingKeyError(UsageError, KeyError):
+    """A key (dataset column, setting) that does not exist (exit 2)."""
+
+
+class OutOfRangeError(UsageError, IndexError):
+    """An index (clip, episode, row) outside what exists (exit 2)."""
+
+
+class MissingPathError(UsageError, FileNotFoundError):
+    """A dataset, run or config path that does not exist (exit 2)."""
 
 
 class BudgetExceeded(UsageError):
@@ -30,7 +50,7 @@ class BudgetExceeded(UsageError):
 
 
 class DatasetError(SwmError):
-    """A dataset that is missing, of another format, truncated, corrupted or lacks a key."""
+    """A dataset that is damaged: truncated, corrupted, of an unreadable version (exit 1)."""
 
 
 class CheckpointError(SwmError):

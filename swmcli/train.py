@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from swmcli.config import SwmConfig, load_run_config, save_config
-from swmcli.errors import DatasetError, SwmError, UsageError
+from swmcli.errors import SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, format_seconds, info, progress, warn
 from swmcli.units import format_bytes
@@ -87,7 +87,7 @@ def open_training_data(cfg: SwmConfig):
     total = len(everything.episode_lengths)
     keep = first_heldout_episode(total, cfg)
     if keep < 1:
-        raise DatasetError(
+        raise UsageError(
             f"{cfg.data.path} has {total} episodes; {cfg.eval.heldout_episodes} are held out "
             "for evaluation, leaving none to train on",
             hint="collect more episodes or lower eval.heldout_episodes",

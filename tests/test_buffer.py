@@ -1,7 +1,9 @@
 """ReplayBuffer: its invariants (hypothesis), its clip layout, its memory and its errors."""
 
 import gc
+import os
 from collections import deque
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +12,6 @@ from hypothesis import strategies as st
 
 from swmcli.core.buffer import ReplayBuffer, step_bytes
 from swmcli.core.clips import clip_starts
-from swmcli.core.memory import current_rss_bytes
 from swmcli.errors import BudgetExceeded, SwmError, UsageError
 
 ACTION_DIM = 2
@@ -276,6 +277,12 @@ def test_clear_keeps_the_arrays_and_release_frees_them():
     assert len(buf) == 0 and buf.nbytes == 0 and buf.bytes_per_step == 0
     buf.add_episode(make_episode(2, 5, res=3))  # a fresh schema after release()
     assert buf.last_episode()["pixels"].shape == (5, 3, 3, 3)
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (Linux)."""
+    resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_ram_is_the_rings_and_is_given_back_on_release():

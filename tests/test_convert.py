@@ -10,7 +10,6 @@ from test_storage import assert_same_episode, make_episode
 
 from swmcli.core.storage import detect, open_reader, open_writer
 from swmcli.core.storage.convert import convert, info
-from swmcli.errors import DatasetError
 
 LENGTHS = (6, 3, 11)
 
@@ -69,23 +68,23 @@ def test_refuses_existing_destination_unless_overwrite(tmp_path):
     write_source(tmp_path / "a.lance")
     convert(tmp_path / "a.lance", tmp_path / "b.h5")
     before = fingerprint(tmp_path / "b.h5")
-    with pytest.raises(DatasetError, match="already exists") as caught:
+    with pytest.raises(ValueError, match="already exists") as caught:
         convert(tmp_path / "a.lance", tmp_path / "b.h5")
     assert caught.value.exit_code == 2 and "--overwrite" in caught.value.hint
     assert fingerprint(tmp_path / "b.h5") == before
     convert(tmp_path / "a.lance", tmp_path / "b.h5", keys=["reward"], overwrite=True)
     assert list(open_reader(tmp_path / "b.h5").keys) == ["reward"]
     (tmp_path / "precious").mkdir()
-    with pytest.raises(DatasetError, match="not a swm dataset"):
+    with pytest.raises(ValueError, match="not a swm dataset"):
         convert(tmp_path / "a.lance", tmp_path / "precious", overwrite=True)
     assert (tmp_path / "precious").is_dir()
 
 
 def test_bad_input_is_one_clear_error(tmp_path):
-    with pytest.raises(DatasetError, match="no dataset at"):
+    with pytest.raises(FileNotFoundError, match="no dataset at"):
         convert(tmp_path / "missing.lance", tmp_path / "out.h5")
     write_source(tmp_path / "a.lance")
-    with pytest.raises(DatasetError, match="no key 'depth'") as caught:
+    with pytest.raises(KeyError, match="no key 'depth'") as caught:
         convert(tmp_path / "a.lance", tmp_path / "out.h5", keys=["depth"])
     assert caught.value.exit_code == 2
     assert not (tmp_path / "out.h5").exists()

@@ -17,7 +17,7 @@ from PIL import Image
 from swmcli.collect import run_collect
 from swmcli.config import load_run_config, resolve_config
 from swmcli.core.memory import MemoryMonitor
-from swmcli.errors import CheckpointError, DatasetError, UsageError
+from swmcli.errors import CheckpointError, UsageError
 from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
 from swmcli.train import clip_order, learning_rate, run_train
 
@@ -164,9 +164,9 @@ def test_gradient_accumulation_and_bf16_run(tiny_data, tmp_path):
     assert np.isfinite(result.fields["final_loss"])
 
 
-def test_too_many_held_out_episodes_is_a_dataset_error(tiny_data, tmp_path):
+def test_too_many_held_out_episodes_is_a_usage_error(tiny_data, tmp_path):
     cfg = _cfg(tiny_data, tmp_path / "run", **{"eval.heldout_episodes": 10})
-    with pytest.raises(DatasetError, match="held out"):
+    with pytest.raises(UsageError, match="held out"):
         run_train(cfg, MemoryMonitor())
 
 

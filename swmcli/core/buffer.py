@@ -26,10 +26,9 @@ from swmcli.core.clips import (
     observation_rows,
 )
 from swmcli.core.memory import available_host_bytes
-from swmcli.errors import BudgetExceeded, UsageError
+from swmcli.core.storage import Schema, describe_schema
+from swmcli.errors import BudgetExceeded, OutOfRangeError, UsageError
 from swmcli.units import format_bytes, format_gb
-
-Schema = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 
 def step_bytes(step: Mapping[str, np.ndarray]) -> int:
@@ -38,13 +37,9 @@ def step_bytes(step: Mapping[str, np.ndarray]) -> int:
 
 
 def _schema_of(step: Mapping[str, np.ndarray]) -> Schema:
-    """Shape and dtype of every key of one step."""
+    """Dtype and shape of every key of one step (the storage formats' convention)."""
     arrays = {key: np.asarray(value) for key, value in step.items()}
-    return {key: (array.shape, array.dtype) for key, array in arrays.items()}
-
-
-def _describe(schema: Schema) -> str:
-    return ", ".join(f"{key} {shape} {dtype}" for key, (shape, dtype) in schema.items())
+    return {key: (array.dtype, array.shape) for key, array in arrays.items()}
 
 
 class ReplayBuffer:
@@ -135,7 +130,7 @@ class ReplayBuffer:
         """Bytes of one row (0 until the first step fixes the schema)."""
         if self._schema is None:
             return 0
-        return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self._schema.values())
+        return sum(int(np.prod(shape)) * dtype.itemsize for dtype, shape in self._schema.values())
 
     @staticmethod
     def nbytes_for(max_steps: int, step: Mapping[str, np.ndarray]) -> int:
@@ -146,7 +141,7 @@ class ReplayBuffer:
 
     def _allocate(self, schema: Schema) -> None:
         """Preflight the full budget, then allocate one ring per key (lazy pages, full size)."""
-        row_bytes = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in schema.values())
+        row_bytes = sum(int(np.prod(shape)) * dtype.itemsize for dtype, shape in schema.values())
         needed = self.max_steps * row_bytes
         if self.max_bytes is not None:
             available, source = int(self.max_bytes), "the budget allows"
@@ -164,13 +159,13 @@ class ReplayBuffer:
                 available=available,
             )
         self._rings = {
-            key: np.empty((self.max_steps, *shape), dtype) for key, (shape, dtype) in schema.items()
+            key: np.empty((self.max_steps, *shape), dtype) for key, (dtype, shape) in schema.items()
         }
         self._schema = schema
         self._keys = frozenset(schema)
         # A float action may be left out of a step (the last observation has none): stored as NaN.
         action = schema.get(ACTION)
-        floating = action is not None and np.issubdtype(action[1], np.floating)
+        floating = action is not None and np.issubdtype(action[0], np.floating)
         self._optional = frozenset({ACTION}) if floating else frozenset()
 
     def clear(self) -> None:
@@ -189,7 +184,7 @@ class ReplayBuffer:
         return UsageError(
             f"step does not match the buffer's schema: {what}",
             hint=f"every step needs the keys, shapes and dtypes of the first one "
-            f"({_describe(self._schema)}); call release() to start over with a new schema",
+            f"({describe_schema(self._schema)}); call release() to start over with a new schema",
         )
 
     def _check_keys(self, keys: frozenset) -> None:
@@ -203,7 +198,7 @@ class ReplayBuffer:
 
     def _checked(self, key: str, value, leading: tuple[int, ...] = ()) -> np.ndarray:
         """``value`` as an array of the schema's shape (after ``leading``) and dtype, or raise."""
-        shape, dtype = self._schema[key]
+        dtype, shape = self._schema[key]
         if not hasattr(value, "dtype"):  # a Python scalar or list has no dtype to disagree with
             value = np.asarray(value)
             if not np.can_cast(value.dtype, dtype, "same_kind"):
@@ -242,7 +237,7 @@ class ReplayBuffer:
             self._check_keys(frozenset(step))
         # Check every value before evicting or writing anything, so a bad step changes nothing.
         values = []
-        for key, (shape, dtype) in self._schema.items():
+        for key, (dtype, shape) in self._schema.items():
             value = step.get(key)
             if value is None:  # only a float action may be missing (checked above)
                 value = np.nan
@@ -409,7 +404,7 @@ class ReplayBuffer:
         indices = np.asarray(indices, dtype=np.int64)
         indices = np.where(indices < 0, indices + total, indices)
         if indices.size and not (indices.min() >= 0 and indices.max() < total):
-            raise IndexError(f"clip index out of range: the buffer holds {total} clips")
+            raise OutOfRangeError(f"clip index out of range: the buffer holds {total} clips")
         batch = self._gather(locate_clips(indices, *self._clip_index()), None)
         return [{key: value[i] for key, value in batch.items()} for i in range(len(indices))]
 

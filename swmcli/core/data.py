@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
+from swmcli import errors
 from swmcli.core.clips import (
     ACTION,
     action_rows,
@@ -34,7 +35,7 @@ from swmcli.core.clips import (
     observation_rows,
 )
 from swmcli.core.storage import check_keys, detect, offsets_from_lengths, open_reader
-from swmcli.errors import DatasetError, SwmError, UsageError
+from swmcli.errors import OutOfRangeError, SwmError, UsageError
 
 
 class ClipDataset(Dataset):
@@ -63,11 +64,10 @@ class ClipDataset(Dataset):
         )
         if len(self._starts) == 0:
             longest = int(self.episode_lengths[self.episodes].max(initial=0))
-            raise DatasetError(
+            raise UsageError(
                 f"no clip fits: a clip spans {span} rows (history_len {history_len} x frameskip "
                 f"{frameskip}) but the longest episode of {self.path} has {longest}",
                 hint="lower --history-len or --frameskip, or collect longer episodes",
-                exit_code=2,
             )
         self._reader = None
         self._reader_pid = None
@@ -114,7 +114,7 @@ class ClipDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         if not -self.num_clips <= index < self.num_clips:
-            raise IndexError(f"clip {index} out of range: the dataset holds {self.num_clips}")
+            raise OutOfRangeError(f"clip {index} out of range: the dataset holds {self.num_clips}")
         return {k: v[0] for k, v in self.__getitems__([index % self.num_clips]).items()}
 
     def close(self) -> None:
@@ -158,9 +158,8 @@ def _episode_selection(episodes, count: int, where: Path) -> np.ndarray:
         return np.arange(count, dtype=np.int64)
     selected = np.asarray(list(episodes), dtype=np.int64)
     if selected.size and (selected.min() < 0 or selected.max() >= count):
-        raise DatasetError(
-            f"episode indices must lie in 0..{count - 1}: {where} holds {count} episodes",
-            exit_code=2,
+        raise OutOfRangeError(
+            f"episode indices must lie in 0..{count - 1}: {where} holds {count} episodes"
         )
     return selected
 
@@ -232,8 +231,8 @@ def _describe_fork_safe(path: Path, cache_dir: Path | None) -> dict:
         status, payload = pool.apply(_describe_in_child, (path, cache_dir))
     if status == "ok":
         return payload
-    _, message, hint, exit_code = payload
-    raise DatasetError(message, hint, exit_code)
+    name, message, hint, exit_code = payload
+    raise getattr(errors, name)(message, hint, exit_code)
 
 
 @contextmanager
@@ -361,8 +360,3 @@ def make_loader(
         generator=generator,
         **workers,
     )
-
-
-def to_device(batch: dict[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
-    """Move a batch to ``device`` without blocking (pinned source); pixels stay uint8."""
-    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}

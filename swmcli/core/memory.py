@@ -47,12 +47,6 @@ def total_host_bytes() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def current_rss_bytes() -> int:
-    """Resident set size of this process now."""
-    current = _proc_kib_field("/proc/self/status", "VmRSS")
-    return current if current is not None else peak_rss_bytes()
-
-
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process (since the last reset, on Linux)."""
     peak = _proc_kib_field("/proc/self/status", "VmHWM")

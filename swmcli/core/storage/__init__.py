@@ -13,13 +13,13 @@ read back equals the one written. Writes are episode-atomic in every format.
 
 import json
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from swmcli.errors import DatasetError, UsageError
+from swmcli.errors import MissingKeyError, MissingPathError, UsageError
 
 FORMATS = ("lance", "hdf5", "folder")
 MODES = ("append", "overwrite", "error")
@@ -64,7 +64,7 @@ def detect(path: str | Path) -> str:
     """The format of the dataset at ``path``; a DatasetError with a hint if it is not one."""
     path = Path(path)
     if not path.exists():
-        raise DatasetError(
+        raise MissingPathError(
             f"no dataset at {path}", hint="check the path (collect one with `swm collect`)"
         )
     if path.is_file():
@@ -75,7 +75,7 @@ def detect(path: str | Path) -> str:
         return "lance"
     elif (path / FOLDER_METADATA).is_file():
         return "folder"
-    raise DatasetError(
+    raise UsageError(
         f"{path} is not a swm dataset (lance, hdf5 or folder)",
         hint="point to a .lance directory, an .h5 file or a folder written by swm",
     )
@@ -96,21 +96,6 @@ def _module(fmt: str):
 def open_reader(path: str | Path) -> Reader:
     """Open the dataset at ``path`` for reading, whatever its format."""
     return _module(detect(path)).open_reader(Path(path))
-
-
-def iter_episodes(
-    path: str | Path, keys: list[str] | None = None, episodes=None
-) -> Iterator[dict[str, np.ndarray]]:
-    """Episodes of the dataset at ``path`` one at a time (all, or the indices in ``episodes``):
-    the episode-level reader for conversion and evaluation, one episode in memory at a time.
-    """
-    reader = open_reader(path)
-    try:
-        keys = check_keys(reader.keys, keys, path)
-        for index in range(reader.num_episodes) if episodes is None else episodes:
-            yield reader.read_episode(int(index), keys)
-    finally:
-        reader.close()
 
 
 def resolve_format(path: str | Path, format: str | None = None) -> str:
@@ -144,17 +129,14 @@ def open_writer(
     append = False
     if path.exists():
         if mode == "error":
-            raise DatasetError(
-                f"{path} already exists", hint="pass --overwrite to replace it", exit_code=2
-            )
+            raise UsageError(f"{path} already exists", hint="pass --overwrite to replace it")
         existing = detect(path)
         if mode == "overwrite":
             remove_dataset(path)
         elif existing != fmt:
-            raise DatasetError(
+            raise UsageError(
                 f"cannot append {fmt} episodes to {path}: it is a {existing} dataset",
                 hint=f"write to a new path, or use --format {existing}",
-                exit_code=2,
             )
         else:
             append = True
@@ -191,11 +173,10 @@ def check_schema(expected: Schema, episode: Mapping[str, np.ndarray], where: Pat
     """The episode's schema, or a clear error if it differs from the dataset's."""
     got = episode_schema(episode)
     if got != expected:
-        raise DatasetError(
+        raise UsageError(
             f"episode does not match the schema of {where}: "
             f"expected {describe_schema(expected)}, got {describe_schema(got)}",
             hint="append episodes with the same keys, shapes and dtypes, or write a new dataset",
-            exit_code=2,
         )
     return got
 
@@ -238,10 +219,9 @@ def check_metadata(existing: Mapping[str, Any], user: Mapping[str, Any], where: 
     for key in ("env_id", "resolution", "action_dim"):
         new, old = user.get(key), existing.get(key)
         if new is not None and old is not None and json.dumps(new) != json.dumps(old):
-            raise DatasetError(
+            raise UsageError(
                 f"{where} holds {key} {old}, not {new}",
                 hint="write to a new path (--out), or delete the old dataset first",
-                exit_code=2,
             )
 
 
@@ -256,10 +236,9 @@ def check_keys(schema: Schema, keys, where) -> list[str]:
         return list(schema)
     missing = [k for k in keys if k not in schema]
     if missing:
-        raise DatasetError(
+        raise MissingKeyError(
             f"{where} has no key {', '.join(map(repr, missing))}",
             hint=f"available keys: {', '.join(schema)}",
-            exit_code=2,
         )
     return list(keys)
 

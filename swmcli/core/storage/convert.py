@@ -37,16 +37,13 @@ def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
     if not dst.exists():
         return
     if not overwrite:
-        raise DatasetError(
-            f"{dst} already exists", hint="pass --overwrite to replace it", exit_code=2
-        )
+        raise UsageError(f"{dst} already exists", hint="pass --overwrite to replace it")
     try:
         detect(dst)
-    except DatasetError:
-        raise DatasetError(
+    except (DatasetError, UsageError):
+        raise UsageError(
             f"refusing to replace {dst}: it is not a swm dataset",
             hint="choose another destination",
-            exit_code=2,
         ) from None
 
 
