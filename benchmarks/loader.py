@@ -227,14 +227,14 @@ def run(args, scratch: Path) -> None:
 CONVERT = """
 import sys, threading, time
 from swmcli.core.memory import peak_rss_bytes
-from swmcli.core.storage.convert import convert
+from swmcli.core.storage.copy import copy_dataset
 samples, done = [], threading.Event()
 def sample():  # the peak so far, every 20 ms
     while not done.wait(0.02):
         samples.append(peak_rss_bytes())
 threading.Thread(target=sample, daemon=True).start()
 start = time.perf_counter()
-convert(sys.argv[1], sys.argv[2])
+copy_dataset(sys.argv[1], sys.argv[2])
 seconds = time.perf_counter() - start
 done.set()
 print(samples[len(samples) // 4], peak_rss_bytes(), seconds)

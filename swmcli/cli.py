@@ -210,10 +210,10 @@ def convert(
     key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
 
     def job(_cfg, monitor):
-        from swmcli.core.storage.convert import convert as convert_dataset
+        from swmcli.convert import run_convert
 
         with monitor.phase("convert"):
-            return convert_dataset(src, dst, to=to, keys=key_list, overwrite=overwrite)
+            return run_convert(src, dst, to=to, keys=key_list, overwrite=overwrite)
 
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
 
@@ -230,10 +230,10 @@ def info(
     """Show a dataset: format, episodes, steps, keys with dtypes and shapes, bytes on disk."""
 
     def job(_cfg, monitor):
-        from swmcli.core.storage.convert import info as dataset_info
+        from swmcli.convert import run_info
 
         with monitor.phase("inspect"):
-            return dataset_info(path)
+            return run_info(path)
 
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
 

@@ -48,7 +48,8 @@ def run_eval(
         compile=cfg.eval.compile,
         cpu_threads=cfg.eval.cpu_threads or cfg.train.cpu_threads,
     )
-    untrack_tensors_if_compiling(runner, monitor)
+    if note := untrack_tensors_if_compiling(runner, monitor):
+        info(note)
     compiled = "on" if runner.compile else "off"
     info(f"device {runner.device}; {runner.dtype_reason}; compile {compiled}")
     with monitor.phase("load"):

@@ -2,7 +2,7 @@
 
 Prediction runs one training step (forward, backward, clip, AdamW step: twice, so optimizer
 state exists) and one eval step of the configured world model on fake tensors, and reports the
-peak of live tensor bytes by category (``swmcli.core.memory.trace_step_peak``). Each technique is
+peak of live tensor bytes by category (``swmcli.core.tracing.trace_step_peak``). Each technique is
 one row: fp32 vs bf16 autocast, train vs eval with gradients vs gradient-free eval, frameskip and
 history length, batch size; torch.compile cannot be traced on fake CPU tensors and is measured on
 a GPU. On a GPU every row is also run for real after a warm-up step and its allocator peaks are
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from swmcli.config import SwmConfig
-from swmcli.core.memory import (
+from swmcli.core.tracing import (
     ALLOCATOR_OVERHEAD,
     CATEGORIES,
     CUDA_CONTEXT_BYTES,

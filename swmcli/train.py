@@ -269,7 +269,8 @@ def run_train(
     runner = make_runner(
         bf16=cfg.train.bf16, compile=cfg.train.compile, cpu_threads=cfg.train.cpu_threads
     )
-    untrack_tensors_if_compiling(runner, monitor)
+    if note := untrack_tensors_if_compiling(runner, monitor):
+        info(note)
     compiled = "on" if runner.compile else "off"
     info(f"device {runner.device}; {runner.dtype_reason}; compile {compiled}")
     with monitor.phase("preflight", track_tensors=False):

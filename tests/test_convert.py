@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from test_storage import assert_same_episode, make_episode
 
+from swmcli.convert import run_convert as convert
+from swmcli.convert import run_info as info
 from swmcli.core.storage import detect, open_reader, open_writer
-from swmcli.core.storage.convert import convert, info
+from swmcli.core.storage.copy import Copied, copy_dataset
 
 LENGTHS = (6, 3, 11)
 
@@ -102,3 +104,15 @@ def test_info_shows_format_counts_sizes_and_keys(tmp_path):
     rows = {row[0]: row for row in result.tables[0].rows}
     assert rows["pixels"][1:] == ["uint8", "(32, 32, 3)", 32 * 32 * 3]
     assert rows["action"][1:3] == ["float32", "(2,)"]
+
+
+def test_copy_dataset_returns_what_it_wrote_and_reports_each_episode(tmp_path):
+    write_source(tmp_path / "a.lance")
+    seen = []
+    copied = copy_dataset(
+        tmp_path / "a.lance", tmp_path / "b.h5", on_episode=lambda *done: seen.append(done)
+    )
+    assert isinstance(copied, Copied) and copied.format == "hdf5"
+    assert (copied.episodes, copied.steps) == (3, sum(LENGTHS))
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    assert copied.dst_size_bytes == sum(f.stat().st_size for f in [tmp_path / "b.h5"])

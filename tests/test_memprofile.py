@@ -20,10 +20,9 @@ from typer.testing import CliRunner
 from swmcli.cli import app
 from swmcli.config import resolve_config
 from swmcli.core.buffer import step_bytes
-from swmcli.core.memory import (
+from swmcli.core.memory import LiveTensorBytes, MemoryMonitor
+from swmcli.core.tracing import (
     CategorisedLiveBytes,
-    LiveTensorBytes,
-    MemoryMonitor,
     cuda_allowance_bytes,
     cuda_autocast_on_cpu,
     trace_step_peak,

@@ -123,14 +123,13 @@ def make_runner(
     return Runner(device=chosen, dtype=dtype, dtype_reason=reason, compile=compile)
 
 
-def untrack_tensors_if_compiling(runner: Runner, monitor) -> None:
-    """With compile on, turn off the monitor's live-tensor tracking, and say so.
+def untrack_tensors_if_compiling(runner: Runner, monitor) -> str | None:
+    """With compile on, turn off the monitor's live-tensor tracking; returns the note to show.
 
     Tracking runs every operator through a TorchDispatchMode, under which ``torch.compile``
     silently runs the eager code; measured with it on, ``--compile`` would compile nothing.
     """
     if runner.compile and getattr(monitor, "track_tensors", False):
-        from swmcli.report import info
-
         monitor.track_tensors = False
-        info("compile on: live tensor bytes not tracked (tracking would disable compilation)")
+        return "compile on: live tensor bytes not tracked (tracking would disable compilation)"
+    return None

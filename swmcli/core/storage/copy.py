@@ -1,6 +1,6 @@
-"""``swm convert`` and ``swm info``: convert a dataset between formats, verified and atomic.
+"""A verified, atomic copy of a dataset into any format (what ``swm convert`` runs).
 
-Conversion streams episode by episode (memory stays at about one episode whatever the dataset
+The copy streams episode by episode (memory stays at about one episode whatever the dataset
 size), writes to a hidden temporary path next to the destination, re-reads what it wrote and
 compares counts and a BLAKE2 checksum of every column, and only then renames it into place. The
 source is only ever read.
@@ -9,7 +9,8 @@ source is only ever read.
 import hashlib
 import os
 import shutil
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,6 @@ from swmcli.core.storage import (
     resolve_format,
 )
 from swmcli.errors import DatasetError, UsageError
-from swmcli.report import CommandResult, Table, progress
 
 _CARRIED_METADATA = ("env_id", "resolution", "action_dim")
 
@@ -54,16 +54,29 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _copy_episodes(reader, writer, keys: list[str]) -> dict[str, str]:
+@dataclass(frozen=True)
+class Copied:
+    """What ``copy_dataset`` wrote: counts and sizes on disk of the source and the copy."""
+
+    src: Path
+    dst: Path
+    format: str
+    episodes: int
+    steps: int
+    src_size_bytes: int
+    dst_size_bytes: int
+
+
+def _copy_episodes(reader, writer, keys: list[str], on_episode) -> dict[str, str]:
     """Stream every episode from reader to writer; the checksum of each column as it went."""
     digests = {key: hashlib.blake2b(digest_size=16) for key in keys}
-    with progress("convert", total=reader.num_episodes) as advance:
-        for index in range(reader.num_episodes):
-            episode = reader.read_episode(index, keys)
-            for key in keys:
-                digests[key].update(np.ascontiguousarray(episode[key]).data)
-            writer.write_episode(episode)
-            advance(1)
+    for index in range(reader.num_episodes):
+        episode = reader.read_episode(index, keys)
+        for key in keys:
+            digests[key].update(np.ascontiguousarray(episode[key]).data)
+        writer.write_episode(episode)
+        if on_episode is not None:
+            on_episode(index + 1, reader.num_episodes)
     return {key: digest.hexdigest() for key, digest in digests.items()}
 
 
@@ -112,17 +125,18 @@ def _move_into_place(temporary: Path, dst: Path) -> None:
     _remove(aside)
 
 
-def convert(
+def copy_dataset(
     src: str | Path,
     dst: str | Path,
     to: str | None = None,
     keys: list[str] | None = None,
     overwrite: bool = False,
-) -> CommandResult:
-    """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
-    lance), keeping only ``keys`` if given. Streams, verifies, renames into place at the end.
+    on_episode: Callable[[int, int], None] | None = None,
+) -> Copied:
+    """Copy the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
+    lance), keeping only ``keys`` if given. Streams, verifies, renames into place at the end;
+    ``on_episode(done, total)`` is called after each episode is written.
     """
-    started = time.perf_counter()
     src, dst = Path(src), Path(dst)
     reader = open_reader(src)
     try:
@@ -136,51 +150,20 @@ def convert(
         _remove(temporary)
         try:
             with open_writer(temporary, format=fmt, mode="error", metadata=metadata) as writer:
-                checksums = _copy_episodes(reader, writer, keys)
+                checksums = _copy_episodes(reader, writer, keys, on_episode)
             _verify(reader, temporary, keys, checksums)
             _move_into_place(temporary, dst)
         except BaseException:
             _remove(temporary)
             raise
-        fields = {
-            "src": str(src),
-            "dst": str(dst),
-            "format": fmt,
-            "episodes": reader.num_episodes,
-            "steps": reader.num_steps,
-            "src_size_bytes": reader.nbytes_on_disk,
-            "dst_size_bytes": nbytes_under(dst),
-            "verified": True,
-            "seconds": round(time.perf_counter() - started, 2),
-        }
+        return Copied(
+            src=src,
+            dst=dst,
+            format=fmt,
+            episodes=reader.num_episodes,
+            steps=reader.num_steps,
+            src_size_bytes=reader.nbytes_on_disk,
+            dst_size_bytes=nbytes_under(dst),
+        )
     finally:
         reader.close()
-    return CommandResult(title="swm convert", fields=fields)
-
-
-def info(path: str | Path) -> CommandResult:
-    """What ``swm info PATH`` shows: format, episodes, steps, bytes on disk and per step, the
-    metadata, and a table of keys with their per-row dtype and shape.
-    """
-    reader = open_reader(Path(path))
-    try:
-        on_disk = reader.nbytes_on_disk
-        steps = reader.num_steps
-        fields = {
-            "path": str(path),
-            "format": reader.format,
-            "episodes": reader.num_episodes,
-            "steps": steps,
-            "on_disk_bytes": on_disk,
-            "per_step_bytes": on_disk // steps if steps else None,
-        }
-        fields.update({k: v for k, v in reader.metadata.items() if k != "keys"})
-        rows = [
-            [key, np.dtype(dtype).name, str(shape), np.dtype(dtype).itemsize * int(np.prod(shape))]
-            for key, (dtype, shape) in reader.keys.items()
-        ]
-    finally:
-        reader.close()
-    columns = ["key", "dtype", "shape", "raw bytes"]
-    table = Table(title="keys (per step)", columns=columns, rows=rows)
-    return CommandResult(title="swm info", fields=fields, tables=[table])

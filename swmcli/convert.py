@@ -1,0 +1,84 @@
+"""``swm convert`` and ``swm info``: a dataset copied between formats, or described.
+
+The copy itself (streamed, verified by checksums, renamed into place) is
+``core/storage/copy.py``; this job shows its progress and builds the result.
+"""
+
+import time
+from pathlib import Path
+
+from swmcli.report import CommandResult, Table, progress
+
+
+def run_convert(
+    src: str | Path,
+    dst: str | Path,
+    to: str | None = None,
+    keys: list[str] | None = None,
+    overwrite: bool = False,
+) -> CommandResult:
+    """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
+    lance), keeping only ``keys`` if given, with a progress bar; the result names both sizes.
+    """
+    from swmcli.core.storage.copy import copy_dataset
+
+    started = time.perf_counter()
+    with progress("convert", total=_episode_count(src)) as advance:
+        copied = copy_dataset(
+            src, dst, to=to, keys=keys, overwrite=overwrite, on_episode=lambda *_: advance(1)
+        )
+    fields = {
+        "src": str(copied.src),
+        "dst": str(copied.dst),
+        "format": copied.format,
+        "episodes": copied.episodes,
+        "steps": copied.steps,
+        "src_size_bytes": copied.src_size_bytes,
+        "dst_size_bytes": copied.dst_size_bytes,
+        "verified": True,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    return CommandResult(title="swm convert", fields=fields)
+
+
+def _episode_count(path: str | Path) -> int:
+    """The episodes of the dataset at ``path``, for the progress bar."""
+    from swmcli.core.storage import open_reader
+
+    reader = open_reader(Path(path))
+    try:
+        return reader.num_episodes
+    finally:
+        reader.close()
+
+
+def run_info(path: str | Path) -> CommandResult:
+    """What ``swm info PATH`` shows: format, episodes, steps, bytes on disk and per step, the
+    metadata, and a table of keys with their per-row dtype and shape.
+    """
+    import numpy as np
+
+    from swmcli.core.storage import open_reader
+
+    reader = open_reader(Path(path))
+    try:
+        on_disk = reader.nbytes_on_disk
+        steps = reader.num_steps
+        fields = {
+            "path": str(path),
+            "format": reader.format,
+            "episodes": reader.num_episodes,
+            "steps": steps,
+            "on_disk_bytes": on_disk,
+            "per_step_bytes": on_disk // steps if steps else None,
+        }
+        fields.update({k: v for k, v in reader.metadata.items() if k != "keys"})
+        rows = [
+            [key, np.dtype(dtype).name, str(shape), np.dtype(dtype).itemsize * int(np.prod(shape))]
+            for key, (dtype, shape) in reader.keys.items()
+        ]
+    finally:
+        reader.close()
+    columns = ["key", "dtype", "shape", "raw bytes"]
+    table = Table(title="keys (per step)", columns=columns, rows=rows)
+    return CommandResult(title="swm info", fields=fields, tables=[table])
