@@ -7,47 +7,13 @@ dataset in one atomic write, so a killed process keeps every episode that finish
 """
 
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
 
 import numpy as np
 
 from swmcli.config import SwmConfig
 from swmcli.errors import SwmError
 from swmcli.report import CommandResult, progress
-
-
-def _row(obs: Mapping[str, Any], action: np.ndarray, reward: float, term: bool, trunc: bool):
-    row = {key: np.asarray(value) for key, value in obs.items()}
-    row["action"] = action
-    row["reward"] = np.float32(reward)
-    row["terminated"] = np.bool_(term)
-    row["truncated"] = np.bool_(trunc)
-    return row
-
-
-def action_dim_of(env) -> int:
-    """Floats in one stored action (1 for a discrete action space)."""
-    shape = env.action_space.shape
-    return int(np.prod(shape)) if shape else 1
-
-
-def episode_rows(
-    env, policy, action_dim: int, seed: int | None = None, limit: int | None = None
-) -> Iterator[dict[str, np.ndarray]]:
-    """The rows of one episode, from ``env.reset(seed=seed)`` to its last (NaN-action) row.
-
-    ``limit`` cuts the episode at that many rows; the cut row is marked truncated, so the episode
-    still ends cleanly on disk.
-    """
-    obs, _ = env.reset(seed=seed)
-    reward, term, trunc, length = 0.0, False, False, 0
-    while not (term or trunc or (limit is not None and length + 1 >= limit)):
-        raw = policy(obs)
-        yield _row(obs, np.asarray(raw, dtype=np.float32).reshape(action_dim), reward, term, trunc)
-        length += 1
-        obs, reward, term, trunc, _ = env.step(raw)
-    yield _row(obs, np.full(action_dim, np.nan, np.float32), reward, term, trunc or not term)
+from swmcli.rollout import action_dim_of, episode_rows, step_row
 
 
 def episode_seed(seed: int, index: int) -> int:
@@ -85,7 +51,7 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         # A first row triggers the buffer's preflight and allocation before anything is written
         # (without asking the policy, whose seeded stream the rollouts then start from).
         obs, _ = env.reset(seed=settings.seed)
-        buffer.add(_row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False))
+        buffer.add(step_row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False))
         buffer.clear()
         metadata = {
             "env_id": cfg.env.id,

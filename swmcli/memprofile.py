@@ -40,6 +40,7 @@ from swmcli.prediction import (
     train_step,
 )
 from swmcli.report import CommandResult, Table
+from swmcli.rollout import sample_episodes
 from swmcli.units import format_bytes, format_gb
 
 SNAPSHOT_ENTRIES = 100_000  # allocator events kept for --snapshot (a ring; oldest dropped)
@@ -67,30 +68,6 @@ class Row:
 
 
 # --- host RAM and disk -----------------------------------------------------------------------
-
-
-def sample_episodes(cfg: SwmConfig, episodes: int) -> tuple[list[dict[str, np.ndarray]], int]:
-    """A few real episodes of ``cfg.env`` with ``cfg.collect.policy``, laid out as collect does.
-
-    Row ``t`` holds observation ``t``, the reward and flags of arriving there and the action taken
-    from it (NaN on the last row). Returns the episodes and the env's action dimension.
-    """
-    from swmcli.collect import action_dim_of, episode_rows
-    from swmcli.envs import make_env
-    from swmcli.envs.policies import make_policy
-
-    seed = cfg.collect.seed
-    env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, seed=seed)
-    policy = make_policy(cfg.collect.policy, env, seed)
-    action_dim = action_dim_of(env)
-    result = []
-    try:
-        for index in range(episodes):
-            rows = list(episode_rows(env, policy, action_dim, seed=seed + index))
-            result.append({key: np.stack([row[key] for row in rows]) for key in rows[0]})
-    finally:
-        env.close()
-    return result, action_dim
 
 
 def disk_bytes_per_step(
@@ -173,7 +150,7 @@ def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
     """A fresh CUDA model, batch and (for training) optimizer, bound into one step callable."""
     import copy
 
-    from swmcli.train import make_optimizer
+    from swmcli.training import make_optimizer
 
     runner = cuda_runner(variant)
     model = runner.prepare(copy.deepcopy(predictor.model(variant.history_len, variant.frameskip)))

@@ -49,7 +49,7 @@ class Variant:
 def train_step(model, optimizer, batch, runner, grad_clip: float, micro_batches: int = 1) -> None:
     """One optimizer step exactly as ``swm train`` takes it (its own ``optimizer_step``), with
     ``batch`` standing for each micro-batch: a later one runs with the gradients alive."""
-    from swmcli.train import optimizer_step
+    from swmcli.training import optimizer_step
 
     optimizer_step(model, optimizer, [batch] * micro_batches, runner, grad_clip, micro_batches)
 
@@ -75,7 +75,7 @@ def clip_batch(step: dict[str, np.ndarray], variant: Variant, device: str = "cpu
     """
     import torch
 
-    from swmcli.train import TRAIN_KEYS
+    from swmcli.training import TRAIN_KEYS
 
     batch = {}
     leading = (variant.batch_size, variant.history_len)
@@ -178,7 +178,7 @@ class PeakPredictor:
 
     def _train_maker(self, variant: Variant) -> Callable:
         def make(model):
-            from swmcli.train import make_optimizer
+            from swmcli.training import make_optimizer
 
             batch = clip_batch(self.step, variant)
             optimizer = make_optimizer(model, self.cfg.train)

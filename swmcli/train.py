@@ -11,98 +11,26 @@ run would have had. Only the current batches are in memory: the DataLoader reads
 """
 
 import json
-import math
 import time
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 
 from swmcli.config import SwmConfig, load_run_config, save_config
 from swmcli.errors import SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, format_seconds, info, progress, warn
+from swmcli.training import (
+    build_model,
+    clip_order,
+    learning_rate,
+    model_args,
+    open_training_data,
+    optimizer_step,
+)
 from swmcli.units import format_bytes
 
 METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"
-TRAIN_KEYS = ["pixels", "action"]  # the only keys the loss reads: the loader fetches nothing else
 PASSES_WARNING = 50  # more passes than this over the training clips and the model memorises them
-WARMUP_FRACTION = 0.05
-FINAL_LR_FRACTION = 0.1
-
-
-def learning_rate(step: int, total_steps: int, peak: float) -> float:
-    """Linear warm-up over the first 5% of steps, then cosine decay to 10% of ``peak``."""
-    warmup = max(1, int(WARMUP_FRACTION * total_steps))
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress_done = (step - warmup) / max(1, total_steps - warmup)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress_done)))
-    return peak * (FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * cosine)
-
-
-def clip_order(num_clips: int, clips_per_step: int, first_step: int, last_step: int, seed: int):
-    """Clip indices for steps ``first_step .. last_step-1``, ``clips_per_step`` per step.
-
-    Epochs are permutations drawn from ``(seed, epoch)``, so a step's clips do not depend on
-    where a previous process stopped: resuming at step k reads what step k would have read.
-    """
-    begin, end = first_step * clips_per_step, last_step * clips_per_step
-    parts, epoch = [], begin // num_clips
-    while epoch * num_clips < end:
-        permutation = np.random.default_rng([seed, epoch]).permutation(num_clips)
-        low = max(begin - epoch * num_clips, 0)
-        high = min(end - epoch * num_clips, num_clips)
-        parts.append(permutation[low:high])
-        epoch += 1
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-
-
-def first_heldout_episode(num_episodes: int, cfg: SwmConfig) -> int:
-    """Episodes from this index on are kept out of training for evaluation (the last
-    ``eval.heldout_episodes``): train and eval split the dataset with this one rule."""
-    return max(num_episodes - cfg.eval.heldout_episodes, 0)
-
-
-def open_training_data(cfg: SwmConfig):
-    """The clips to train on (all episodes but the last ``eval.heldout_episodes``).
-
-    Returns ``(dataset, episodes, metadata)``. The dataset is indexed by ``load_dataset`` itself
-    (not by opening a reader here), so this process stays safe to fork DataLoader workers from.
-    """
-    from swmcli.core.data import load_dataset
-
-    def load(episodes):
-        return load_dataset(
-            cfg.data.path,
-            keys_to_load=TRAIN_KEYS,
-            history_len=cfg.data.history_len,
-            frameskip=cfg.data.frameskip,
-            cache_dir=cfg.data.cache_dir,
-            episodes=episodes,
-        )
-
-    everything = load(None)
-    total = len(everything.episode_lengths)
-    keep = first_heldout_episode(total, cfg)
-    if keep < 1:
-        raise UsageError(
-            f"{cfg.data.path} has {total} episodes; {cfg.eval.heldout_episodes} are held out "
-            "for evaluation, leaving none to train on",
-            hint="collect more episodes or lower eval.heldout_episodes",
-        )
-    episodes = list(range(keep))
-    dataset = load(episodes)
-    per_step = cfg.train.batch_size * cfg.train.grad_accum
-    if per_step > len(dataset):
-        raise UsageError(
-            f"a step needs {per_step} clips (batch size x grad_accum) but {cfg.data.path} has "
-            f"{len(dataset)} training clips",
-            hint=f"lower --batch-size to at most {len(dataset) // cfg.train.grad_accum}, "
-            "or collect more episodes",
-        )
-    return dataset, episodes, dict(everything.metadata)
 
 
 def _is_dataset(path: Path) -> bool:
@@ -146,26 +74,6 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
     return cfg
 
 
-def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
-    """``build_world_model``'s keyword arguments for this config and dataset."""
-    return {
-        "resolution": int(metadata["resolution"]),
-        "action_dim": int(metadata["action_dim"]),
-        "frameskip": cfg.data.frameskip,
-        "history_len": cfg.data.history_len,
-    }
-
-
-def _build(cfg: SwmConfig, metadata: dict[str, Any]):
-    import torch
-
-    from swmcli.models import build_world_model
-
-    torch.manual_seed(cfg.train.seed)
-    model = build_world_model(cfg.model, **model_args(cfg, metadata))
-    return model, make_optimizer(model, cfg.train)
-
-
 def _loader(cfg: SwmConfig, dataset, first_step: int):
     """A DataLoader yielding the batches of steps ``first_step .. train.steps-1`` in order.
 
@@ -184,35 +92,6 @@ def _loader(cfg: SwmConfig, dataset, first_step: int):
         prefetch_factor=cfg.data.prefetch_factor,
         order=order,
     )
-
-
-def make_optimizer(model, train_cfg):
-    """AdamW with the multi-tensor (foreach) update CUDA uses by default, on every device, so
-    ``swm memprofile`` traces the very optimizer that training runs."""
-    import torch
-
-    return torch.optim.AdamW(
-        model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, foreach=True
-    )
-
-
-def optimizer_step(model, optimizer, device_batches, runner, grad_clip: float, micro_batches: int):
-    """One optimizer step: free the gradients, forward under autocast and backward for each of
-    the ``micro_batches`` device batches, clip, step. Returns the detached loss parts of each
-    micro-batch and the gradient norm, without reading them back (memprofile runs this very
-    function on fake tensors, which have no values)."""
-    import torch
-
-    optimizer.zero_grad(set_to_none=True)
-    parts = []
-    for batch in device_batches:
-        with runner.autocast():
-            loss, terms = model.loss(batch)
-        (loss / micro_batches).backward()
-        parts.append({"loss": loss.detach(), **{k: v.detach() for k, v in terms.items()}})
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    return parts, grad_norm
 
 
 def _train_step(model, optimizer, batches, runner, step: int, cfg: SwmConfig) -> dict[str, float]:
@@ -280,7 +159,7 @@ def run_train(
         info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
         warnings = _passes_warning(cfg, len(dataset))
     with monitor.phase("setup"):
-        model, optimizer = _build(cfg, metadata)
+        model, optimizer = build_model(cfg, metadata)
         state = load_checkpoint(run_dir) if resume else None
         start = state["step"] if state else 0
         if start >= cfg.train.steps:

@@ -339,3 +339,31 @@ def test_a_buffer_is_a_writer_and_a_map_style_dataset():
         first["state"].numpy(), np.stack([buf[i]["state"] for i in range(8)])
     )
     assert [len(e["pixels"]) for e in buf.episodes()] == [12] * 4
+
+
+def test_every_bad_argument_is_a_value_error_a_library_user_can_catch():
+    buf = ReplayBuffer(20, history_len=2)
+    bad_calls = [
+        lambda: ReplayBuffer(0),
+        lambda: ReplayBuffer(3, history_len=2, frameskip=2),
+        lambda: ReplayBuffer(10**6, max_bytes=1).add_episode(make_episode(0, 5)),
+        buf.end_episode,
+        lambda: buf.sample(4),
+        lambda: buf.add_episode({"pixels": np.zeros((0, 2, 2, 3), np.uint8)}),
+        lambda: buf.add_episode(make_episode(0, 25)),
+    ]
+    for call in bad_calls:
+        with pytest.raises(ValueError):
+            call()
+    buf.add_episode(make_episode(0, 5))
+    for call in (
+        lambda: buf.add({"pixels": np.zeros((2, 2, 3), np.uint8)}),
+        lambda: buf.sample(0),
+        lambda: buf.sample(2, out={"pixels": np.zeros(3, np.uint8)}),
+    ):
+        with pytest.raises(ValueError):
+            call()
+    with pytest.raises(IndexError):
+        buf[buf.num_clips]
+    with pytest.raises(IndexError):
+        buf.read_batch([0, -buf.num_clips - 1])

@@ -66,7 +66,7 @@ def test_batch_read_equals_single_reads(dataset):
     path, _ = dataset
     clips = load_dataset(path, keys_to_load=["pixels", "action"], history_len=2, frameskip=3)
     indices = [5, 0, 5, 3]
-    batch = clips.__getitems__(indices)
+    batch = clips.read_batch(indices)
     assert set(batch) == {"pixels", "action"}
     for position, index in enumerate(indices):
         for key, value in clips[index].items():
@@ -144,7 +144,7 @@ def test_loader_with_workers_yields_batches_in_order(tmp_path, fmt):
     assert first["pixels"].dtype == torch.uint8
     assert first["pixels"].shape == (8, 4, 32, 32, 3)
     assert first["action"].shape == (8, 4, 4)
-    want = clips.__getitems__(list(range(8)))
+    want = clips.read_batch(list(range(8)))
     for key, value in want.items():
         assert np.array_equal(first[key].numpy(), value, equal_nan=True)
 
@@ -180,7 +180,7 @@ clips = load_dataset(sys.argv[1], history_len=2)
 first = make_loader(clips, batch_size=4, num_workers=2, shuffle=False)
 second = make_loader(clips, batch_size=4, num_workers=1, shuffle=False)
 batch = next(iter(first))
-same = (batch["pixels"].numpy() == clips.__getitems__([0, 1, 2, 3])["pixels"]).all()
+same = (batch["pixels"].numpy() == clips.read_batch([0, 1, 2, 3])["pixels"]).all()
 # clips.__getitems__ opened Lance here: the second loader, built before that, must not fork now.
 again = next(iter(second))
 same = same and (again["pixels"] == batch["pixels"]).all().item()
@@ -205,3 +205,46 @@ def test_lance_workers_fork_only_while_it_is_safe(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["fork", "forkserver", "(4,", "2,", "32,", "32,", "3)", "True"]
     assert "fork-safe" not in done.stderr
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+def test_a_plain_dataloader_with_the_default_collate_equals_make_loader(dataset, workers):
+    path, _ = dataset
+    clips = load_dataset(path, keys_to_load=["pixels", "action"], history_len=2, frameskip=2)
+    order = np.random.default_rng(0).permutation(clips.num_clips)
+    plain = torch.utils.data.DataLoader(
+        clips, batch_size=4, sampler=order.tolist(), num_workers=workers
+    )
+    ours = make_loader(clips, batch_size=4, num_workers=workers, order=order, drop_last=False)
+    pairs = list(zip(plain, ours, strict=True))
+    assert len(pairs) == -(-clips.num_clips // 4)
+    for got, want in pairs:
+        assert set(got) == set(want) == {"pixels", "action"}
+        for key in want:
+            assert got[key].dtype == want[key].dtype
+            assert torch.equal(got[key].nan_to_num(), want[key].nan_to_num())
+    # shuffle=True: every clip once per epoch, in some order
+    shuffled = torch.utils.data.DataLoader(clips, batch_size=4, shuffle=True, num_workers=workers)
+    seen = torch.cat([batch["pixels"] for batch in shuffled])
+    every = torch.from_numpy(clips.read_batch(range(clips.num_clips))["pixels"])
+    assert sorted(map(bytes, seen.numpy())) == sorted(map(bytes, every.numpy()))
+
+
+def test_every_bad_argument_of_load_dataset_is_a_value_error(tmp_path):
+    path = tmp_path / "d.h5"
+    write_dataset(path)
+    (tmp_path / "notes.txt").write_text("hello")
+    bad_calls = [
+        (FileNotFoundError, lambda: load_dataset(tmp_path / "missing.lance")),
+        (ValueError, lambda: load_dataset(tmp_path / "notes.txt")),
+        (ValueError, lambda: load_dataset(path, history_len=0)),
+        (ValueError, lambda: load_dataset(path, history_len=13)),
+        (KeyError, lambda: load_dataset(path, keys_to_load=["depth"])),
+        (IndexError, lambda: load_dataset(path, episodes=[0, 4])),
+        (IndexError, lambda: load_dataset(path)[100]),
+        (IndexError, lambda: load_dataset(path).read_batch([0, 100])),
+    ]
+    for kind, call in bad_calls:
+        with pytest.raises(kind) as caught:
+            call()
+        assert isinstance(caught.value, ValueError), caught.value

@@ -27,8 +27,9 @@ from swmcli.core.tracing import (
     cuda_autocast_on_cpu,
     trace_step_peak,
 )
-from swmcli.memprofile import measure_rows, run_memprofile, sample_episodes, technique_rows
+from swmcli.memprofile import measure_rows, run_memprofile, technique_rows
 from swmcli.prediction import PeakPredictor, Variant, largest_fitting
+from swmcli.rollout import sample_episodes
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -19,7 +19,8 @@ from swmcli.config import load_run_config, resolve_config
 from swmcli.core.memory import MemoryMonitor
 from swmcli.errors import CheckpointError, UsageError
 from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
-from swmcli.train import clip_order, learning_rate, run_train
+from swmcli.train import run_train
+from swmcli.training import clip_order, learning_rate
 
 ROOT = Path(__file__).parents[1]
 
@@ -254,11 +255,10 @@ def test_preflight_refuses_a_step_the_host_cannot_hold(tiny_data, tmp_path):
 
 
 def test_train_and_eval_split_episodes_with_one_rule():
-    from swmcli.train import first_heldout_episode
+    from swmcli.core.clips import heldout_split
 
-    cfg = resolve_config("tiny")  # eval.heldout_episodes = 2
-    assert first_heldout_episode(10, cfg) == 8
-    assert first_heldout_episode(1, cfg) == 0
+    assert heldout_split(10, 2) == (range(8), range(8, 10))
+    assert heldout_split(1, 2) == (range(0), range(1))
 
 
 @pytest.mark.parametrize("suffix", ["lance", "h5"])
@@ -300,7 +300,7 @@ def test_many_passes_warn_once_and_stay_in_json(tiny_data, tmp_path):
     from typer.testing import CliRunner
 
     from swmcli.cli import app
-    from swmcli.train import open_training_data
+    from swmcli.training import open_training_data
 
     clips = len(open_training_data(_cfg(tiny_data, tmp_path / "r"))[0])
     command = ["train", "--preset", "tiny", "--data", str(tiny_data), "--out", str(tmp_path / "r")]

@@ -399,14 +399,19 @@ class ReplayBuffer:
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices) -> list[dict[str, np.ndarray]]:
-        """Clips ``indices``, read in one gather (a DataLoader calls this for a whole batch)."""
+        """Clips ``indices`` as one dict each, read in one gather (a DataLoader calls this for a
+        whole batch and collates the dicts)."""
+        batch = self.read_batch(indices)
+        return [{key: value[i] for key, value in batch.items()} for i in range(len(indices))]
+
+    def read_batch(self, indices) -> dict[str, np.ndarray]:
+        """Clips ``indices`` in one gather, laid out as ``sample()``'s batch."""
         total = self.num_clips
         indices = np.asarray(indices, dtype=np.int64)
         indices = np.where(indices < 0, indices + total, indices)
         if indices.size and not (indices.min() >= 0 and indices.max() < total):
             raise OutOfRangeError(f"clip index out of range: the buffer holds {total} clips")
-        batch = self._gather(locate_clips(indices, *self._clip_index()), None)
-        return [{key: value[i] for key, value in batch.items()} for i in range(len(indices))]
+        return self._gather(locate_clips(indices, *self._clip_index()), None)
 
     def __repr__(self) -> str:
         return (

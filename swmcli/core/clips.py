@@ -72,3 +72,10 @@ def fold_actions(actions: np.ndarray, history_len: int) -> np.ndarray:
     """Dense actions ``(..., history_len*frameskip, A)`` -> ``(..., history_len, frameskip*A)``."""
     *lead, rows, action_dim = actions.shape
     return actions.reshape(*lead, history_len, (rows // history_len) * action_dim)
+
+
+def heldout_split(num_episodes: int, heldout: int) -> tuple[range, range]:
+    """Episodes to train on and episodes held out for evaluation: the last ``heldout`` are held
+    out (all of them when there are fewer). Training and evaluation split with this one rule."""
+    first = max(num_episodes - heldout, 0)
+    return range(first), range(first, num_episodes)

@@ -4,7 +4,9 @@ A ``ClipDataset`` is a map-style torch Dataset whose item ``i`` is clip ``i`` in
 ReplayBuffer's layout: every key but ``action`` is an observation read at the strided rows
 (``(history_len, ...)``), and ``action`` is dense, folded to ``(history_len, frameskip * A)``.
 It holds one int64 start row per clip (no per-clip Python objects) and reads only the rows a batch
-needs, a whole batch per read (``__getitems__``).
+needs, a whole batch per read (``read_batch``, which ``make_loader`` uses). It also works in a
+plain ``DataLoader(ds, batch_size=...)`` with the default collate: ``__getitems__`` returns one dict
+per clip, read in that same single gather.
 
 Lance is not fork-safe: a process forked after its parent opened a Lance dataset crashes. So the
 parent builds the episode index in a short-lived forked child, never opening Lance itself, and the
@@ -92,10 +94,14 @@ class ClipDataset(Dataset):
             self._reader, self._reader_pid = reader, os.getpid()
         return self._reader
 
-    def __getitems__(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+    def read_batch(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
         """A whole batch of clips, one read per key: ``{key: (len(indices), history_len, ...)}``."""
+        indices = np.asarray(indices, dtype=np.int64)
+        total = self.num_clips
+        if indices.size and not (indices.min() >= -total and indices.max() < total):
+            raise OutOfRangeError(f"clip index out of range: the dataset holds {total} clips")
         reader = self._open()
-        starts = self._starts[np.asarray(indices, dtype=np.int64)]
+        starts = self._starts[indices]
         observed = observation_rows(starts, self.history_len, self.frameskip).reshape(-1)
         clips = {}
         for key, (dtype, shape) in self.keys.items():
@@ -112,10 +118,14 @@ class ClipDataset(Dataset):
                 clips[key] = values.reshape(len(starts), self.history_len, *shape)
         return clips
 
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """Clips ``indices`` as one dict each (what the default collate expects), read in one
+        ``read_batch``."""
+        batch = self.read_batch(indices)
+        return [{key: value[i] for key, value in batch.items()} for i in range(len(indices))]
+
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        if not -self.num_clips <= index < self.num_clips:
-            raise OutOfRangeError(f"clip {index} out of range: the dataset holds {self.num_clips}")
-        return {k: v[0] for k, v in self.__getitems__([index % self.num_clips]).items()}
+        return self.__getitems__([index])[0]
 
     def close(self) -> None:
         """Close this process's file handle (reopened on the next read)."""
@@ -286,12 +296,23 @@ class ClipSampler(Sampler[int]):
             yield from range(count)
 
 
-def collate_clips(batch) -> dict[str, torch.Tensor]:
-    """A batch from ``__getitems__`` (or a list of clips) -> tensors; pixels stay uint8."""
-    if isinstance(batch, dict):
-        arrays = batch
-    else:
-        arrays = {key: np.stack([clip[key] for clip in batch]) for key in batch[0]}
+class WholeBatches(Dataset):
+    """Item ``indices`` is the whole batch ``clips.read_batch(indices)``: a DataLoader over this,
+    with a BatchSampler as its sampler and no automatic batching, reads a batch in one gather."""
+
+    def __init__(self, clips):
+        self.clips = clips
+        self.format = getattr(clips, "format", None)
+
+    def __len__(self) -> int:
+        return len(self.clips)
+
+    def __getitem__(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        return self.clips.read_batch(indices)
+
+
+def collate_clips(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """A batch from ``read_batch`` -> tensors; pixels stay uint8."""
     with warnings.catch_warnings():
         # Frames read by Lance may be read-only views of Arrow memory; nothing writes to them.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -352,8 +373,9 @@ def make_loader(
             "prefetch_factor": prefetch_factor,
         }
     return ClipLoader(
-        dataset,
-        batch_sampler=sampler,
+        WholeBatches(dataset),
+        sampler=sampler,
+        batch_size=None,
         num_workers=num_workers,
         collate_fn=collate_clips,
         pin_memory=torch.cuda.is_available(),

@@ -1,0 +1,74 @@
+"""A policy rolled out in an env, row by row, laid out as datasets store it.
+
+Row t of an episode holds observation t, what the env reported on arriving there (``reward``,
+``terminated``, ``truncated``; zero and False on the first row) and the action taken from it; the
+last row's action is NaN. ``swm collect`` writes these rows; ``swm memprofile`` samples a few
+episodes of them to size the buffer and the disk.
+"""
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from swmcli.config import SwmConfig
+
+
+def step_row(obs: Mapping[str, Any], action: np.ndarray, reward: float, term: bool, trunc: bool):
+    """One stored row: the observation's keys, the action taken from it, and what the env
+    reported on arriving there."""
+    row = {key: np.asarray(value) for key, value in obs.items()}
+    row["action"] = action
+    row["reward"] = np.float32(reward)
+    row["terminated"] = np.bool_(term)
+    row["truncated"] = np.bool_(trunc)
+    return row
+
+
+def action_dim_of(env) -> int:
+    """Floats in one stored action (1 for a discrete action space)."""
+    shape = env.action_space.shape
+    return int(np.prod(shape)) if shape else 1
+
+
+def episode_rows(
+    env, policy, action_dim: int, seed: int | None = None, limit: int | None = None
+) -> Iterator[dict[str, np.ndarray]]:
+    """The rows of one episode, from ``env.reset(seed=seed)`` to its last (NaN-action) row.
+
+    ``limit`` cuts the episode at that many rows; the cut row is marked truncated, so the episode
+    still ends cleanly on disk.
+    """
+    obs, _ = env.reset(seed=seed)
+    reward, term, trunc, length = 0.0, False, False, 0
+    while not (term or trunc or (limit is not None and length + 1 >= limit)):
+        raw = policy(obs)
+        yield step_row(
+            obs, np.asarray(raw, dtype=np.float32).reshape(action_dim), reward, term, trunc
+        )
+        length += 1
+        obs, reward, term, trunc, _ = env.step(raw)
+    yield step_row(obs, np.full(action_dim, np.nan, np.float32), reward, term, trunc or not term)
+
+
+def sample_episodes(cfg: SwmConfig, episodes: int) -> tuple[list[dict[str, np.ndarray]], int]:
+    """A few real episodes of ``cfg.env`` with ``cfg.collect.policy``, laid out as collect does.
+
+    Row ``t`` holds observation ``t``, the reward and flags of arriving there and the action taken
+    from it (NaN on the last row). Returns the episodes and the env's action dimension.
+    """
+    from swmcli.envs import make_env
+    from swmcli.envs.policies import make_policy
+
+    seed = cfg.collect.seed
+    env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, seed=seed)
+    policy = make_policy(cfg.collect.policy, env, seed)
+    action_dim = action_dim_of(env)
+    result = []
+    try:
+        for index in range(episodes):
+            rows = list(episode_rows(env, policy, action_dim, seed=seed + index))
+            result.append({key: np.stack([row[key] for row in rows]) for key in rows[0]})
+    finally:
+        env.close()
+    return result, action_dim

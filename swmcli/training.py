@@ -1,0 +1,137 @@
+"""What ``swm train`` runs and ``swm memprofile`` traces: the data, model, optimizer and step.
+
+One module, so that the step memprofile predicts is the step training takes: ``optimizer_step``
+(forward under autocast, backward, clip, AdamW), ``make_optimizer`` (foreach AdamW on every
+device), the learning-rate schedule, the seeded clip order and the training data (all episodes
+but the held-out ones, by ``core.clips.heldout_split``).
+"""
+
+import math
+from typing import Any
+
+import numpy as np
+
+from swmcli.config import SwmConfig
+from swmcli.errors import UsageError
+
+TRAIN_KEYS = ["pixels", "action"]  # the only keys the loss reads: the loader fetches nothing else
+WARMUP_FRACTION = 0.05
+FINAL_LR_FRACTION = 0.1
+
+
+def learning_rate(step: int, total_steps: int, peak: float) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay to 10% of ``peak``."""
+    warmup = max(1, int(WARMUP_FRACTION * total_steps))
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress_done = (step - warmup) / max(1, total_steps - warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress_done)))
+    return peak * (FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * cosine)
+
+
+def clip_order(num_clips: int, clips_per_step: int, first_step: int, last_step: int, seed: int):
+    """Clip indices for steps ``first_step .. last_step-1``, ``clips_per_step`` per step.
+
+    Epochs are permutations drawn from ``(seed, epoch)``, so a step's clips do not depend on
+    where a previous process stopped: resuming at step k reads what step k would have read.
+    """
+    begin, end = first_step * clips_per_step, last_step * clips_per_step
+    parts, epoch = [], begin // num_clips
+    while epoch * num_clips < end:
+        permutation = np.random.default_rng([seed, epoch]).permutation(num_clips)
+        low = max(begin - epoch * num_clips, 0)
+        high = min(end - epoch * num_clips, num_clips)
+        parts.append(permutation[low:high])
+        epoch += 1
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def open_training_data(cfg: SwmConfig):
+    """The clips to train on (all episodes but the last ``eval.heldout_episodes``).
+
+    Returns ``(dataset, episodes, metadata)``. The dataset is indexed by ``load_dataset`` itself
+    (not by opening a reader here), so this process stays safe to fork DataLoader workers from.
+    """
+    from swmcli.core.clips import heldout_split
+    from swmcli.core.data import load_dataset
+
+    def load(episodes):
+        return load_dataset(
+            cfg.data.path,
+            keys_to_load=TRAIN_KEYS,
+            history_len=cfg.data.history_len,
+            frameskip=cfg.data.frameskip,
+            cache_dir=cfg.data.cache_dir,
+            episodes=episodes,
+        )
+
+    everything = load(None)
+    total = len(everything.episode_lengths)
+    episodes, _ = heldout_split(total, cfg.eval.heldout_episodes)
+    if not episodes:
+        raise UsageError(
+            f"{cfg.data.path} has {total} episodes; {cfg.eval.heldout_episodes} are held out "
+            "for evaluation, leaving none to train on",
+            hint="collect more episodes or lower eval.heldout_episodes",
+        )
+    dataset = load(episodes)
+    per_step = cfg.train.batch_size * cfg.train.grad_accum
+    if per_step > len(dataset):
+        raise UsageError(
+            f"a step needs {per_step} clips (batch size x grad_accum) but {cfg.data.path} has "
+            f"{len(dataset)} training clips",
+            hint=f"lower --batch-size to at most {len(dataset) // cfg.train.grad_accum}, "
+            "or collect more episodes",
+        )
+    return dataset, episodes, dict(everything.metadata)
+
+
+def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
+    """``build_world_model``'s keyword arguments for this config and dataset."""
+    return {
+        "resolution": int(metadata["resolution"]),
+        "action_dim": int(metadata["action_dim"]),
+        "frameskip": cfg.data.frameskip,
+        "history_len": cfg.data.history_len,
+    }
+
+
+def build_model(cfg: SwmConfig, metadata: dict[str, Any]):
+    """The world model for this config and dataset (seeded by ``train.seed``) and its
+    optimizer."""
+    import torch
+
+    from swmcli.models import build_world_model
+
+    torch.manual_seed(cfg.train.seed)
+    model = build_world_model(cfg.model, **model_args(cfg, metadata))
+    return model, make_optimizer(model, cfg.train)
+
+
+def make_optimizer(model, train_cfg):
+    """AdamW with the multi-tensor (foreach) update CUDA uses by default, on every device, so
+    ``swm memprofile`` traces the very optimizer that training runs."""
+    import torch
+
+    return torch.optim.AdamW(
+        model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, foreach=True
+    )
+
+
+def optimizer_step(model, optimizer, device_batches, runner, grad_clip: float, micro_batches: int):
+    """One optimizer step: free the gradients, forward under autocast and backward for each of
+    the ``micro_batches`` device batches, clip, step. Returns the detached loss parts of each
+    micro-batch and the gradient norm, without reading them back (memprofile runs this very
+    function on fake tensors, which have no values)."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    parts = []
+    for batch in device_batches:
+        with runner.autocast():
+            loss, terms = model.loss(batch)
+        (loss / micro_batches).backward()
+        parts.append({"loss": loss.detach(), **{k: v.detach() for k, v in terms.items()}})
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return parts, grad_norm
