@@ -94,54 +94,41 @@ def _warm_up(model, shape: dict[str, int], runner) -> None:
         runner.eager(model)
 
 
-def _episode_windows(episode: dict[str, np.ndarray], frameskip: int, horizon: int):
-    """Windows of ``horizon + 1`` strided frames and their ``horizon`` dense action blocks."""
-    pixels, actions = episode["pixels"], episode["action"]
-    length = len(pixels)
-    frames, blocks = [], []
-    for offset in range(frameskip):
-        indices = np.arange(offset, length, frameskip)
-        for first in range(len(indices) - horizon):
-            rows = indices[first : first + horizon + 1]
-            frames.append(pixels[rows])
-            span = actions[rows[0] : rows[-1]]  # dense rows up to the last frame
-            blocks.append(span.reshape(horizon, frameskip * actions.shape[-1]))
-    return frames, blocks
-
-
 def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
-    """Per horizon step: the model's latent MSE and the "no change" baseline's, held-out data."""
-    from swmcli.core.storage import open_reader
-    from swmcli.train import first_heldout_episode
+    """Per horizon step: the model's latent MSE and the "no change" baseline's, held-out data.
 
-    reader = open_reader(cfg.data.path)
-    first = first_heldout_episode(reader.num_episodes, cfg)
-    frames, blocks = [], []
-    for index in range(first, reader.num_episodes):
-        episode = reader.read_episode(index, keys=["pixels", "action"])
-        more_frames, more_blocks = _episode_windows(episode, cfg.data.frameskip, cfg.eval.horizon)
-        frames += more_frames
-        blocks += more_blocks
-    reader.close()
-    horizon = cfg.eval.horizon
-    model_sum, still_sum, count = np.zeros(horizon), np.zeros(horizon), 0
-    for start in range(0, len(frames), OPEN_LOOP_BATCH):
-        batch = runner.to_device(
-            {
-                "pixels": np.stack(frames[start : start + OPEN_LOOP_BATCH]),
-                "action": np.stack(blocks[start : start + OPEN_LOOP_BATCH]),
-            }
-        )
+    The windows are the clips training reads (``load_dataset``), ``horizon + 1`` observations
+    long, from the held-out episodes only; the action block of a clip's last frame is not used.
+    """
+    from swmcli.core.clips import clip_span, heldout_split
+    from swmcli.core.data import load_dataset
+
+    horizon, frameskip = cfg.eval.horizon, cfg.data.frameskip
+    path, cache = cfg.data.path, cfg.data.cache_dir
+    lengths = load_dataset(path, keys_to_load=["pixels"], cache_dir=cache).episode_lengths
+    _, heldout = heldout_split(len(lengths), cfg.eval.heldout_episodes)
+    if not any(lengths[i] >= clip_span(horizon + 1, frameskip) for i in heldout):
+        return {"model": [], "no_change": []}
+    windows = load_dataset(
+        path,
+        keys_to_load=["pixels", "action"],
+        history_len=horizon + 1,
+        frameskip=frameskip,
+        cache_dir=cache,
+        episodes=heldout,
+    )
+    model_sum, still_sum = np.zeros(horizon), np.zeros(horizon)
+    for start in range(0, len(windows), OPEN_LOOP_BATCH):
+        indices = range(start, min(start + OPEN_LOOP_BATCH, len(windows)))
+        batch = runner.to_device(windows.read_batch(indices))
         latents = model.encode(batch["pixels"]).float()
-        empty = batch["action"][:, :0]
-        predicted = model.rollout(latents[:, :1], empty, batch["action"]).float()
+        actions = batch["action"][:, :horizon]
+        predicted = model.rollout(latents[:, :1], actions[:, :0], actions).float()
         truth = latents[:, 1:]
         model_sum += (predicted - truth).pow(2).mean(-1).sum(0).cpu().numpy()
         still_sum += (latents[:, :1] - truth).pow(2).mean(-1).sum(0).cpu().numpy()
-        count += len(latents)
-    if count == 0:
-        return {"model": [], "no_change": []}
-    return {"model": list(model_sum / count), "no_change": list(still_sum / count)}
+    windows.close()
+    return {"model": list(model_sum / len(windows)), "no_change": list(still_sum / len(windows))}
 
 
 def run_episodes(model, cfg: SwmConfig, runner, shape: dict[str, int]) -> dict:

@@ -8,11 +8,13 @@ import torch
 from PIL import Image
 
 from swmcli.collect import run_collect
-from swmcli.config import resolve_config
+from swmcli.config import load_run_config, resolve_config
+from swmcli.core.clips import heldout_split
 from swmcli.core.memory import MemoryMonitor
 from swmcli.core.runner import make_runner
+from swmcli.core.storage import open_reader
 from swmcli.errors import CheckpointError
-from swmcli.evaluate import _episode_windows, load_model, run_eval
+from swmcli.evaluate import load_model, open_loop_errors, run_eval
 from swmcli.planning import PlannerSettings, cem, plan_costs
 from swmcli.train import run_train
 
@@ -33,9 +35,10 @@ def test_eval_reports_errors_success_rates_and_pictures(tiny_run):
     fields = result.fields
     assert fields["checkpoint_step"] == 40
     assert fields["episodes"] == 4 and fields["planner"] == "cem"
-    assert 0.0 <= fields["success_rate"] <= 1.0
-    assert 0.0 <= fields["random_success_rate"] <= 1.0
     errors, reaching = result.tables
+    for row, rate in zip(reaching.rows, ("success_rate", "random_success_rate"), strict=True):
+        wins, episodes = map(int, row[1].split("/"))
+        assert episodes == 4 and fields[rate] == wins / episodes
     assert [row[0] for row in errors.rows] == [1, 2, 3]  # one row per horizon step
     assert all(float(row[1]) >= 0 for row in errors.rows)
     assert [row[0] for row in reaching.rows] == ["cem", "random actions"]
@@ -79,19 +82,26 @@ def test_cem_beats_random_plans_under_the_model(tiny_run):
         assert best <= plan_costs(model, latent, goal, random_plans).median()
 
 
-def test_open_loop_windows_align_frames_and_dense_actions():
-    length, frameskip, horizon = 9, 2, 2
-    episode = {
-        "pixels": np.arange(length, dtype=np.uint8)[:, None, None, None]
-        * np.ones((1, 2, 2, 3), np.uint8),
-        "action": np.stack([np.arange(length), -np.arange(length)], 1).astype(np.float32),
-    }
-    episode["action"][-1] = np.nan  # the last row has no action
-    frames, blocks = _episode_windows(episode, frameskip, horizon)
-    first_frames = [f[:, 0, 0, 0].tolist() for f in frames]
-    assert first_frames[0] == [0, 2, 4] and [1, 3, 5] in first_frames
-    assert blocks[0].tolist() == [[0, 0, 1, -1], [2, -2, 3, -3]]
-    assert not any(np.isnan(b).any() for b in blocks)
+def test_open_loop_error_reads_the_held_out_training_clips(tiny_run):
+    cfg = load_run_config(tiny_run)
+    runner = make_runner()
+    model, _ = load_model(tiny_run, cfg, runner)
+    horizon, skip = cfg.eval.horizon, cfg.data.frameskip
+    span = (horizon + 1) * skip  # a training clip of horizon + 1 observations
+    reader = open_reader(cfg.data.path)
+    _, heldout = heldout_split(reader.num_episodes, cfg.eval.heldout_episodes)
+    still = []
+    with runner.inference(model):
+        for index in heldout:
+            pixels = torch.from_numpy(reader.read_episode(index, ["pixels"])["pixels"])
+            for start in range(len(pixels) - span + 1):
+                latents = model.encode(pixels[start : start + span : skip][None]).float()
+                still.append((latents[:, :1] - latents[:, 1:]).pow(2).mean(-1)[0])
+        errors = open_loop_errors(model, cfg, runner)
+    reader.close()
+    assert len(still) > 1 and len(errors["model"]) == horizon
+    want = torch.stack(still).mean(0).numpy()
+    assert np.allclose(errors["no_change"], want, rtol=1e-4, atol=1e-7)
 
 
 def test_missing_run_and_missing_checkpoint_are_clear_errors(tiny_run, tmp_path):
