@@ -275,8 +275,8 @@ def train(
         "data.frameskip": frameskip,
         "train.steps": steps,
         "train.batch_size": batch_size,
-        "train.bf16": bf16,
-        "train.compile": compile,
+        "runtime.bf16": bf16,
+        "runtime.compile": compile,
         "train.out": out,
         "train.seed": seed,
     }
@@ -355,8 +355,7 @@ def memprofile(
         "data.history_len": history_len,
         "data.frameskip": frameskip,
         "collect.max_steps": max_steps,
-        "train.bf16": bf16,
-        "eval.bf16": bf16,
+        "runtime.bf16": bf16,
         "memprofile.budget": budget,
         "memprofile.ram_budget": ram_budget,
     }

@@ -19,13 +19,14 @@ CONFIG_FILE = "config.json"
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Frozen: a resolved config is never edited; a derived one is made by ``with_settings``.
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class EnvConfig(Section):
     """The gymnasium environment experience comes from."""
 
-    id: str = "swm/TwoRoom-v0"
+    id: str = Field("swm/TwoRoom-v0", description="gymnasium env id")
     resolution: PositiveInt = Field(64, description="square frame side in pixels")
     max_episode_steps: PositiveInt = Field(100, description="an episode is truncated after this")
 
@@ -44,79 +45,83 @@ class CollectConfig(Section):
         description="ReplayBuffer cap in steps (host RAM); without --episodes or --steps, "
         "collect stops once this many steps are written",
     )
-    policy: Literal["expert", "random"] = "expert"
-    out: Path = Path("data/tworoom.lance")
+    policy: Literal["expert", "random"] = Field("expert", description="who picks the actions")
+    out: Path = Field(Path("data/tworoom.lance"), description="dataset to write or append to")
     format: Literal["lance", "hdf5", "folder"] | None = Field(
         None, description="dataset format; default: from the --out suffix, else lance"
     )
-    seed: int = 0
+    seed: int = Field(0, description="seed of the env resets and the policy")
 
 
 class DataConfig(Section):
     """Streaming clips from a dataset on disk."""
 
-    path: Path = Path("data/tworoom.lance")
+    path: Path = Field(Path("data/tworoom.lance"), description="dataset to stream clips from")
     history_len: PositiveInt = Field(4, description="observations per clip")
     frameskip: PositiveInt = Field(2, description="observation stride; actions stay dense")
     num_workers: int = Field(2, ge=0, description="DataLoader worker processes")
-    prefetch_factor: PositiveInt = 2
-    cache_dir: Path | None = None
+    prefetch_factor: PositiveInt = Field(2, description="batches each worker reads ahead")
+    cache_dir: Path | None = Field(
+        None, description="keep the episode index here so reopening does not rescan"
+    )
 
 
 class ModelConfig(Section):
     """The JEPA world model: encoder (pixels -> latent) and causal action-conditioned predictor."""
 
-    encoder: Literal["cnn", "vit"] = "cnn"
-    latent_dim: PositiveInt = 128
+    encoder: Literal["cnn", "vit"] = Field("cnn", description="pixel encoder architecture")
+    latent_dim: PositiveInt = Field(128, description="size of one frame's latent")
     cnn_width: PositiveInt = Field(32, description="channels of the first CNN stage (doubles)")
-    vit_patch: PositiveInt = 16
-    vit_dim: PositiveInt = 192
-    vit_depth: PositiveInt = 12
-    vit_heads: PositiveInt = 3
-    predictor_dim: PositiveInt = 256
-    predictor_depth: PositiveInt = 4
-    predictor_heads: PositiveInt = 4
-    regularizer: Literal["sigreg", "vicreg"] = "sigreg"
-    regularizer_weight: float = Field(0.1, ge=0)
+    vit_patch: PositiveInt = Field(16, description="ViT patch side in pixels")
+    vit_dim: PositiveInt = Field(192, description="ViT token width")
+    vit_depth: PositiveInt = Field(12, description="ViT blocks")
+    vit_heads: PositiveInt = Field(3, description="ViT attention heads")
+    predictor_dim: PositiveInt = Field(256, description="predictor token width")
+    predictor_depth: PositiveInt = Field(4, description="predictor blocks")
+    predictor_heads: PositiveInt = Field(4, description="predictor attention heads")
+    regularizer: Literal["sigreg", "vicreg"] = Field(
+        "sigreg", description="what keeps the latents from collapsing"
+    )
+    regularizer_weight: float = Field(0.1, ge=0, description="weight of the regularizer loss")
+
+
+class RuntimeConfig(Section):
+    """How train, eval and memprofile run the model: precision, compilation, CPU threads."""
+
+    bf16: bool = Field(False, description="bf16 autocast: True reduces activation memory")
+    compile: bool = Field(False, description="torch.compile encoder and predictor separately")
+    cpu_threads: PositiveInt | None = Field(
+        None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
+    )
 
 
 class TrainConfig(Section):
     """`swm train`: the optimization loop and its memory levers."""
 
-    steps: PositiveInt = 1000
-    batch_size: PositiveInt = 64
+    steps: PositiveInt = Field(1000, description="optimizer steps to train to")
+    batch_size: PositiveInt = Field(64, description="clips per micro-batch")
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
-    lr: float = Field(3e-4, gt=0)
-    weight_decay: float = Field(0.05, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    bf16: bool = Field(False, description="bf16 autocast: True reduces activation memory")
-    compile: bool = Field(False, description="torch.compile encoder and predictor separately")
-    seed: int = 0
-    out: Path = Path("runs/tworoom")
-    checkpoint_every: PositiveInt = 100
-    log_every: PositiveInt = 10
-    cpu_threads: PositiveInt | None = Field(
-        None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
-    )
+    lr: float = Field(3e-4, gt=0, description="peak learning rate (warm-up, then cosine)")
+    weight_decay: float = Field(0.05, ge=0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
+    seed: int = Field(0, description="seed of init, sampling and shuffling")
+    out: Path = Field(Path("runs/tworoom"), description="run directory")
+    checkpoint_every: PositiveInt = Field(100, description="steps between atomic checkpoints")
+    log_every: PositiveInt = Field(10, description="steps between metrics lines")
 
 
 class EvalConfig(Section):
     """`swm eval`: open-loop prediction error and goal reaching with a planner."""
 
     episodes: PositiveInt = Field(10, description="seeded planning episodes")
-    planner: Literal["cem", "mppi"] = "cem"
+    planner: Literal["cem", "mppi"] = Field("cem", description="latent-space planner")
     horizon: PositiveInt = Field(5, description="planned action blocks")
     samples: PositiveInt = Field(128, description="action sequences per planner iteration")
-    iterations: PositiveInt = 4
-    elites: PositiveInt = 16
+    iterations: PositiveInt = Field(4, description="planner iterations per env step")
+    elites: PositiveInt = Field(16, description="best sequences CEM refits to")
     max_steps: PositiveInt = Field(60, description="env steps per planning episode")
     heldout_episodes: PositiveInt = Field(4, description="episodes kept out for prediction error")
-    bf16: bool = False
-    compile: bool = False
-    seed: int = 1000
-    cpu_threads: PositiveInt | None = Field(
-        None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
-    )
+    seed: int = Field(1000, description="seed of the planning episodes")
 
 
 class MemprofileConfig(Section):
@@ -141,9 +146,18 @@ class SwmConfig(Section):
     collect: CollectConfig = CollectConfig()
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     memprofile: MemprofileConfig = MemprofileConfig()
+
+
+#: Settings that moved into ``runtime`` (declared once for train, eval and memprofile).
+MOVED_TO_RUNTIME = {
+    f"{section}.{key}": f"runtime.{key}"
+    for section in ("train", "eval")
+    for key in ("bf16", "compile", "cpu_threads")
+}
 
 
 def presets_dir() -> Path:
@@ -202,9 +216,32 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 def _describe(err: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors(include_url=False)
-    )
+    return "; ".join(_describe_one(e) for e in err.errors(include_url=False))
+
+
+def _describe_one(error: dict) -> str:
+    dotted = ".".join(str(p) for p in error["loc"])
+    if dotted in MOVED_TO_RUNTIME:
+        return f"{dotted}: did you mean {MOVED_TO_RUNTIME[dotted]}?"
+    return f"{dotted}: {error['msg']}"
+
+
+def _validated(tree: dict[str, Any]) -> SwmConfig:
+    try:
+        return SwmConfig.model_validate(tree)
+    except ValidationError as err:
+        raise UsageError(
+            f"invalid config: {_describe(err)}", hint="see the command's --help for its options"
+        ) from err
+
+
+def with_settings(cfg: SwmConfig, settings: dict[str, Any]) -> SwmConfig:
+    """A new validated config: ``cfg`` with ``settings`` (dotted keys, e.g. ``"train.steps"``)
+    changed. ``cfg`` itself is frozen and stays as it was."""
+    tree = cfg.model_dump()
+    for key, value in settings.items():
+        _put(tree, key, value)
+    return _validated(tree)
 
 
 def resolve_config(
@@ -236,12 +273,7 @@ def resolve_config(
     for key, value in (flags or {}).items():
         if value is not None:
             _put(tree, key, value)
-    try:
-        return SwmConfig.model_validate(tree)
-    except ValidationError as err:
-        raise UsageError(
-            f"invalid config: {_describe(err)}", hint="see the command's --help for its options"
-        ) from err
+    return _validated(tree)
 
 
 def save_config(config: SwmConfig, directory: Path) -> Path:
@@ -261,4 +293,13 @@ def load_run_config(run_dir: Path, flags: dict[str, Any] | None = None) -> SwmCo
             hint="pass a directory written by `swm train`",
             exit_code=2,
         )
-    return resolve_config(config_file=path, flags=flags)
+    tree = _read_config_file(path)
+    # A run saved before the runtime section kept these under train and eval: train's win.
+    for old_key in sorted(MOVED_TO_RUNTIME):  # "eval.*" before "train.*"
+        section, key = old_key.split(".")
+        if key in tree.get(section, {}):
+            tree.setdefault("runtime", {})[key] = tree[section].pop(key)
+    for key, value in (flags or {}).items():
+        if value is not None:
+            _put(tree, key, value)
+    return _validated(tree)

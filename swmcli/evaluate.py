@@ -34,19 +34,22 @@ def run_eval(
 ) -> CommandResult:
     """Evaluate the run in ``run_dir`` (its config.json and checkpoint.pt).
 
-    Each argument left None keeps the run's ``eval`` setting; CPU threads default to the ones
-    the run trained with. Phases for the memory report: load, warm-up (compilation), open-loop
-    error, plan, random baseline.
+    Each argument left None keeps the run's setting (``bf16`` and ``compile`` are its ``runtime``
+    section, the one it trained with). Phases for the memory report: load, warm-up
+    (compilation), open-loop error, plan, random baseline.
     """
     from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
 
     run_dir = Path(run_dir)
-    overrides = {"episodes": episodes, "planner": planner, "bf16": bf16, "compile": compile}
-    cfg = load_run_config(run_dir, {f"eval.{key}": value for key, value in overrides.items()})
+    overrides = {
+        "eval.episodes": episodes,
+        "eval.planner": planner,
+        "runtime.bf16": bf16,
+        "runtime.compile": compile,
+    }
+    cfg = load_run_config(run_dir, overrides)
     runner = make_runner(
-        bf16=cfg.eval.bf16,
-        compile=cfg.eval.compile,
-        cpu_threads=cfg.eval.cpu_threads or cfg.train.cpu_threads,
+        bf16=cfg.runtime.bf16, compile=cfg.runtime.compile, cpu_threads=cfg.runtime.cpu_threads
     )
     if note := untrack_tensors_if_compiling(runner, monitor):
         info(note)

@@ -235,10 +235,9 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
 
 def _configured(cfg: SwmConfig, kind: str = "train") -> Variant:
     """The variant the config runs: training, or gradient-free eval, at its precision."""
-    bf16 = cfg.train.bf16 if kind == "train" else cfg.eval.bf16
     return Variant(
         kind,
-        bf16=bf16,
+        bf16=cfg.runtime.bf16,
         batch_size=cfg.train.batch_size,
         history_len=cfg.data.history_len,
         frameskip=cfg.data.frameskip,
@@ -285,7 +284,7 @@ def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, A
         "batch_size": cfg.train.batch_size,
         "history_len": cfg.data.history_len,
         "frameskip": cfg.data.frameskip,
-        "precision": "bf16 autocast" if cfg.train.bf16 else "fp32",
+        "precision": "bf16 autocast" if cfg.runtime.bf16 else "fp32",
         "predicted_train_peak_bytes": peak,
         "predicted_eval_peak_bytes": predictor.predict(_configured(cfg, "eval")).peak_bytes,
         "cuda_allowance_bytes": cuda_allowance_bytes(peak),

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from swmcli.config import SwmConfig
+from swmcli.config import SwmConfig, with_settings
 from swmcli.core.tracing import StepPeak, cuda_allowance_bytes
 
 MAX_BUDGET_PREDICTIONS = 32  # the budget search's cap; near-linear memory needs 2 or 3
@@ -258,8 +258,7 @@ def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device
     from swmcli.errors import BudgetExceeded
     from swmcli.units import format_bytes
 
-    probe = cfg.model_copy(deep=True)
-    probe.env.resolution = resolution
+    probe = with_settings(cfg, {"env.resolution": resolution})
     step = {
         "pixels": np.zeros((resolution, resolution, 3), np.uint8),
         "action": np.zeros(action_dim, np.float32),
@@ -270,7 +269,7 @@ def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device
 
     def need(batch_size: int) -> int:
         variant = Variant(
-            "train", cfg.train.bf16, batch_size, cfg.data.history_len, cfg.data.frameskip
+            "train", cfg.runtime.bf16, batch_size, cfg.data.history_len, cfg.data.frameskip
         )
         if on_cuda:
             return predictor.needed_bytes(variant)

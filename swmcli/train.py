@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from swmcli.config import SwmConfig, load_run_config, save_config
+from swmcli.config import SwmConfig, load_run_config, save_config, with_settings
 from swmcli.errors import SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, format_seconds, info, progress, warn
@@ -56,12 +56,9 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
     if _is_dataset(run_dir):
         raise UsageError(f"--out {run_dir} is a dataset", hint="pass a new directory for the run")
     if resume:
-        saved = load_run_config(run_dir)
         # The run lives where it is now (it may have been copied or moved since).
-        saved.train.out = run_dir
-        if steps is not None:
-            saved.train.steps = steps
-        cfg = saved
+        moved = {"train.out": run_dir, "train.steps": steps}
+        cfg = load_run_config(run_dir, moved)
         info(f"resuming {run_dir} with its saved config, to step {cfg.train.steps}")
     elif checkpoint_path(run_dir).exists():
         raise UsageError(
@@ -69,7 +66,7 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
             hint="pass --resume to continue it, or --out for a new run directory",
         )
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
-    cfg.data.path = Path(cfg.data.path).resolve()
+    cfg = with_settings(cfg, {"data.path": Path(cfg.data.path).resolve()})
     save_config(cfg, run_dir)
     return cfg
 
@@ -146,7 +143,7 @@ def run_train(
     cfg = _prepare_run(cfg, resume, steps)
     run_dir = Path(cfg.train.out)
     runner = make_runner(
-        bf16=cfg.train.bf16, compile=cfg.train.compile, cpu_threads=cfg.train.cpu_threads
+        bf16=cfg.runtime.bf16, compile=cfg.runtime.compile, cpu_threads=cfg.runtime.cpu_threads
     )
     if note := untrack_tensors_if_compiling(runner, monitor):
         info(note)

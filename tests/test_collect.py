@@ -91,11 +91,9 @@ def test_buffer_cap_evicts_whole_episodes_while_collecting(tmp_path):
 
 def test_budget_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "big.lance"
-    start = time.perf_counter()
     result = _collect("--out", str(out), "--resolution", "224", "--max-steps", "2000000")
     assert result.exit_code == 2
     assert "at most" in result.output and "GB" in result.output
-    assert time.perf_counter() - start < 30
     assert not out.exists()
 
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from swmcli.config import (
     SwmConfig,
@@ -10,6 +11,7 @@ from swmcli.config import (
     preset_names,
     resolve_config,
     save_config,
+    with_settings,
 )
 from swmcli.errors import CheckpointError, UsageError
 from swmcli.units import format_bytes, format_gb, parse_size
@@ -28,7 +30,7 @@ def test_every_preset_validates(name):
 
 def test_gpu_preset_turns_on_bf16_and_compile():
     cfg = resolve_config(preset="gpu24-224-bf16")
-    assert cfg.env.resolution == 224 and cfg.train.bf16 and cfg.train.compile
+    assert cfg.env.resolution == 224 and cfg.runtime.bf16 and cfg.runtime.compile
 
 
 def test_precedence_defaults_preset_file_set_flags(tmp_path):
@@ -48,8 +50,8 @@ def test_precedence_defaults_preset_file_set_flags(tmp_path):
 
 
 def test_set_parses_toml_values():
-    cfg = resolve_config(sets=["train.bf16=true", "model.latent_dim=16", "collect.out=x/y.h5"])
-    assert cfg.train.bf16 is True and cfg.model.latent_dim == 16
+    cfg = resolve_config(sets=["runtime.bf16=true", "model.latent_dim=16", "collect.out=x/y.h5"])
+    assert cfg.runtime.bf16 is True and cfg.model.latent_dim == 16
     assert str(cfg.collect.out) == "x/y.h5"
 
 
@@ -120,3 +122,37 @@ def test_run_config_overrides_are_validated(tmp_path):
     with pytest.raises(UsageError, match=r"eval\.planner"):
         load_run_config(tmp_path, {"eval.planner": "weird"})
     assert load_run_config(tmp_path, {"eval.episodes": 3}).eval.episodes == 3
+
+
+def test_a_resolved_config_is_frozen_and_with_settings_derives_a_new_one():
+    cfg = resolve_config("tiny")
+    with pytest.raises(ValidationError):
+        cfg.train.steps = 5
+    longer = with_settings(cfg, {"train.steps": 500, "runtime.bf16": True})
+    assert (longer.train.steps, longer.runtime.bf16) == (500, True)
+    assert (cfg.train.steps, cfg.runtime.bf16) == (40, False)
+    with pytest.raises(UsageError, match=r"train\.steps"):
+        with_settings(cfg, {"train.steps": 0})
+
+
+def test_settings_that_moved_to_runtime_name_their_new_key():
+    for old in ("train.bf16", "eval.compile", "train.cpu_threads"):
+        with pytest.raises(UsageError, match=rf"{old}: did you mean runtime\.") as caught:
+            resolve_config(sets=[f"{old}=1"])
+        assert caught.value.exit_code == 2
+
+
+def test_a_run_saved_before_the_runtime_section_still_loads(tmp_path):
+    saved = resolve_config("tiny").model_dump(mode="json")
+    runtime = saved.pop("runtime")
+    saved["train"].update(bf16=True, compile=False, cpu_threads=runtime["cpu_threads"])
+    saved["eval"].update(bf16=False, compile=False, cpu_threads=None)
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    cfg = load_run_config(tmp_path)
+    assert cfg.runtime.bf16 is True and cfg.runtime.cpu_threads == 1
+
+
+def test_every_setting_has_a_description():
+    for name, section in SwmConfig.model_fields.items():
+        for key, field in section.annotation.model_fields.items():
+            assert field.description, f"{name}.{key}"

@@ -283,7 +283,7 @@ def test_gpu_measured_peaks_within_10_percent_of_prediction(tmp_path):
 @pytest.mark.gpu
 @requires_cuda
 def test_gpu_run_measures_every_row_including_compile():
-    cfg = resolve_config("tiny", flags={"train.compile": True})
+    cfg = resolve_config("tiny", flags={"runtime.compile": True})
     monitor = MemoryMonitor()
     result = run_memprofile(cfg, monitor)
     table = result.tables[0]

@@ -2,7 +2,7 @@
 
 One place used by train, eval and memprofile::
 
-    runner = make_runner(bf16=cfg.train.bf16, compile=cfg.train.compile)
+    runner = make_runner(bf16=cfg.runtime.bf16, compile=cfg.runtime.compile)
     model = runner.prepare(model)                 # on the device, compiled if asked
     batch = runner.to_device(numpy_or_tensor_batch)   # non-blocking, pixels stay uint8
     with runner.autocast():
