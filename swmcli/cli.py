@@ -40,13 +40,24 @@ Sets = Annotated[
     typer.Option("--set", help="override one setting, e.g. --set train.lr=1e-3 (repeatable)"),
 ]
 Json = Annotated[bool, typer.Option("--json", help="print the result as one JSON object")]
-Resolution = Annotated[int | None, typer.Option(help="frame side in pixels")]
-MaxSteps = Annotated[int | None, typer.Option(help="ReplayBuffer cap in steps")]
-BatchSize = Annotated[int | None, typer.Option(help="clips per optimizer step")]
+Resolution = Annotated[int | None, typer.Option(help="square frame side in pixels")]
+MaxSteps = Annotated[
+    int | None,
+    typer.Option(
+        help="ReplayBuffer cap in steps (host RAM); without --episodes or --steps, "
+        "collect stops once this many steps are written"
+    ),
+]
+BatchSize = Annotated[int | None, typer.Option(help="clips per micro-batch")]
 HistoryLen = Annotated[int | None, typer.Option(help="observations per clip")]
-Frameskip = Annotated[int | None, typer.Option(help="observation stride (actions stay dense)")]
-Bf16 = Annotated[bool | None, typer.Option("--bf16/--fp32", help="bf16 autocast")]
-Compile = Annotated[bool | None, typer.Option("--compile/--eager", help="torch.compile")]
+Frameskip = Annotated[int | None, typer.Option(help="observation stride; actions stay dense")]
+Bf16 = Annotated[
+    bool | None, typer.Option("--bf16/--fp32", help="bf16 autocast: True reduces activation memory")
+]
+Compile = Annotated[
+    bool | None,
+    typer.Option("--compile/--eager", help="torch.compile encoder and predictor separately"),
+]
 
 
 def _examples(*commands: str) -> str:
@@ -151,15 +162,26 @@ def _root(
     )
 )
 def collect(
-    env: Annotated[str | None, typer.Option(help="gymnasium id (default swm/TwoRoom-v0)")] = None,
-    episodes: Annotated[int | None, typer.Option(help="finished episodes to collect")] = None,
-    steps: Annotated[int | None, typer.Option(help="collect exactly this many steps")] = None,
+    env: Annotated[
+        str | None, typer.Option(help="gymnasium env id (default swm/TwoRoom-v0)")
+    ] = None,
+    episodes: Annotated[
+        int | None, typer.Option(help="finished episodes to collect; default: fill --max-steps")
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option(help="collect exactly this many steps; default: --max-steps")
+    ] = None,
     max_steps: MaxSteps = None,
     resolution: Resolution = None,
-    policy: Annotated[str | None, typer.Option(help="expert or random")] = None,
-    out: Annotated[Path | None, typer.Option(help="dataset path (appends if it exists)")] = None,
-    format: Annotated[str | None, typer.Option(help="lance, hdf5 or folder")] = None,
-    seed: Annotated[int | None, typer.Option(help="seed of env resets and policy")] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="who picks the actions: expert or random")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="dataset to write or append to")] = None,
+    format: Annotated[
+        str | None,
+        typer.Option(help="lance, hdf5 or folder; default: from the --out suffix, else lance"),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="seed of the env resets and the policy")] = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,
@@ -248,7 +270,7 @@ def info(
 )
 def train(
     data: Annotated[Path | None, typer.Option(help="dataset to stream clips from")] = None,
-    steps: Annotated[int | None, typer.Option(help="optimizer steps")] = None,
+    steps: Annotated[int | None, typer.Option(help="optimizer steps to train to")] = None,
     batch_size: BatchSize = None,
     history_len: HistoryLen = None,
     frameskip: Frameskip = None,
@@ -304,7 +326,7 @@ def train(
 def eval_(
     run_dir: Annotated[Path, typer.Argument(help="a run directory written by swm train")],
     episodes: Annotated[int | None, typer.Option(help="seeded planning episodes")] = None,
-    planner: Annotated[str | None, typer.Option(help="cem or mppi")] = None,
+    planner: Annotated[str | None, typer.Option(help="latent-space planner: cem or mppi")] = None,
     bf16: Bf16 = None,
     compile: Compile = None,
     as_json: Json = False,

@@ -45,10 +45,13 @@ class CollectConfig(Section):
         description="ReplayBuffer cap in steps (host RAM); without --episodes or --steps, "
         "collect stops once this many steps are written",
     )
-    policy: Literal["expert", "random"] = Field("expert", description="who picks the actions")
+    policy: Literal["expert", "random"] = Field(
+        "expert", description="who picks the actions: expert or random"
+    )
     out: Path = Field(Path("data/tworoom.lance"), description="dataset to write or append to")
     format: Literal["lance", "hdf5", "folder"] | None = Field(
-        None, description="dataset format; default: from the --out suffix, else lance"
+        None,
+        description="lance, hdf5 or folder; default: from the --out suffix, else lance",
     )
     seed: int = Field(0, description="seed of the env resets and the policy")
 
@@ -114,7 +117,7 @@ class EvalConfig(Section):
     """`swm eval`: open-loop prediction error and goal reaching with a planner."""
 
     episodes: PositiveInt = Field(10, description="seeded planning episodes")
-    planner: Literal["cem", "mppi"] = Field("cem", description="latent-space planner")
+    planner: Literal["cem", "mppi"] = Field("cem", description="latent-space planner: cem or mppi")
     horizon: PositiveInt = Field(5, description="planned action blocks")
     samples: PositiveInt = Field(128, description="action sequences per planner iteration")
     iterations: PositiveInt = Field(4, description="planner iterations per env step")
@@ -127,8 +130,8 @@ class EvalConfig(Section):
 class MemprofileConfig(Section):
     """`swm memprofile`: budgets to fit."""
 
-    budget: int | None = Field(None, description="GPU memory budget in bytes (accepts '24GiB')")
-    ram_budget: int | None = Field(None, description="host RAM budget in bytes (accepts '64GB')")
+    budget: int | None = Field(None, description="GPU memory budget, e.g. 24GiB")
+    ram_budget: int | None = Field(None, description="host RAM budget, e.g. 64GB")
     sample_episodes: PositiveInt = Field(
         4, description="episodes written in each format to estimate the on-disk size"
     )

@@ -75,3 +75,55 @@ def test_json_error_path_keeps_stdout_clean():
     assert result.exit_code == 2
     assert result.stdout == ""  # nothing a script would parse as a result
     assert "error:" in result.stderr and "lots" in result.stderr
+
+
+# Which setting each command-line flag sets (the commands' ``flags`` dicts).
+FLAG_SETTINGS = {
+    "collect": {
+        "env": "env.id",
+        "resolution": "env.resolution",
+        "episodes": "collect.episodes",
+        "steps": "collect.steps",
+        "max_steps": "collect.max_steps",
+        "policy": "collect.policy",
+        "out": "collect.out",
+        "format": "collect.format",
+        "seed": "collect.seed",
+    },
+    "train": {
+        "data": "data.path",
+        "history_len": "data.history_len",
+        "frameskip": "data.frameskip",
+        "steps": "train.steps",
+        "batch_size": "train.batch_size",
+        "bf16": "runtime.bf16",
+        "compile": "runtime.compile",
+        "out": "train.out",
+        "seed": "train.seed",
+    },
+    "eval": {"episodes": "eval.episodes", "planner": "eval.planner", "bf16": "runtime.bf16"},
+    "memprofile": {
+        "resolution": "env.resolution",
+        "batch_size": "train.batch_size",
+        "history_len": "data.history_len",
+        "frameskip": "data.frameskip",
+        "max_steps": "collect.max_steps",
+        "bf16": "runtime.bf16",
+        "budget": "memprofile.budget",
+        "ram_budget": "memprofile.ram_budget",
+    },
+}
+
+
+def test_flag_help_is_the_description_of_the_setting_it_sets():
+    import typer.main
+
+    from swmcli.config import SwmConfig
+
+    commands = typer.main.get_command(app).commands
+    for command, settings in FLAG_SETTINGS.items():
+        options = {param.name: param for param in commands[command].params}
+        for flag, dotted in settings.items():
+            section, key = dotted.split(".")
+            field = SwmConfig.model_fields[section].annotation.model_fields[key]
+            assert field.description in options[flag].help, (command, flag)
