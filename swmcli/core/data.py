@@ -1,4 +1,4 @@
-"""Streaming clips from a dataset on disk: ``load_dataset``, the DataLoader factory, transfers.
+"""Streaming clips from a dataset on disk: ``load_dataset``, the DataLoader factory.
 
 A ``ClipDataset`` is a map-style torch Dataset whose item ``i`` is clip ``i`` in exactly the
 ReplayBuffer's layout: every key but ``action`` is an observation read at the strided rows
