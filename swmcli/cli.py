@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from swmcli import __version__
 from swmcli.errors import SwmError, first_line
@@ -37,7 +38,11 @@ ConfigFile = Annotated[
 ]
 Sets = Annotated[
     list[str] | None,
-    typer.Option("--set", help="override one setting, e.g. --set train.lr=1e-3 (repeatable)"),
+    typer.Option(
+        "--set",
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting, e.g. --set train.lr=1e-3 (repeatable)",
+    ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="print the result as one JSON object")]
 Resolution = Annotated[int | None, typer.Option(help="square frame side in pixels")]
@@ -58,6 +63,88 @@ Compile = Annotated[
     bool | None,
     typer.Option("--compile/--eager", help="torch.compile encoder and predictor separately"),
 ]
+
+
+# The setting each command's flags set (flag parameter -> section.key); --help shows its default.
+FLAG_SETTINGS: dict[str, dict[str, str]] = {
+    "collect": {
+        "env": "env.id",
+        "resolution": "env.resolution",
+        "episodes": "collect.episodes",
+        "steps": "collect.steps",
+        "max_steps": "collect.max_steps",
+        "policy": "collect.policy",
+        "out": "collect.out",
+        "format": "collect.format",
+        "seed": "collect.seed",
+    },
+    "train": {
+        "data": "data.path",
+        "history_len": "data.history_len",
+        "frameskip": "data.frameskip",
+        "steps": "train.steps",
+        "batch_size": "train.batch_size",
+        "bf16": "runtime.bf16",
+        "compile": "runtime.compile",
+        "out": "train.out",
+        "seed": "train.seed",
+    },
+    "eval": {"episodes": "eval.episodes", "planner": "eval.planner", "bf16": "runtime.bf16"},
+    "memprofile": {
+        "resolution": "env.resolution",
+        "batch_size": "train.batch_size",
+        "history_len": "data.history_len",
+        "frameskip": "data.frameskip",
+        "max_steps": "collect.max_steps",
+        "bf16": "runtime.bf16",
+        "budget": "memprofile.budget",
+        "ram_budget": "memprofile.ram_budget",
+    },
+}
+TYPE_WORDS = {"int": "INTEGER", "float": "NUMBER", "Path": "PATH", "str": "TEXT", "bool": ""}
+
+
+def _flags(command: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``{section.key: value}`` of a command's flags, from its parameters' ``values``."""
+    return {key: values[name] for name, key in FLAG_SETTINGS[command].items()}
+
+
+class _HelpInWords(TyperCommand):
+    """``--help`` that names each option's type in words and shows the default of the setting a
+    flag sets (read from the config models only when help is shown, so startup stays light)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from swmcli.config import SwmConfig
+
+        defaults = SwmConfig()
+        settings = FLAG_SETTINGS.get(self.name or "", {})
+        for param in self.get_params(ctx):
+            if param.metavar is None:  # typer's own column reads <int>, <path>, <bool>
+                word = TYPE_WORDS.get(param.bare_type(), "TEXT")
+                param.display_type_rich = lambda ctx, word=word: word
+                if param.param_type_name == "argument":  # the usage line reads {run_dir}
+                    param.metavar = param.name.upper()
+            if param.name in settings and param.help and "(default:" not in param.help:
+                section, key = settings[param.name].split(".")
+                value = getattr(getattr(defaults, section), key)
+                if self.name == "eval":  # eval starts from the run's saved config
+                    param.help += " (default: the run's setting)"
+                elif value is not None:
+                    param.help += f" (default: {_shown(param, value)})"
+        super().format_help(ctx, formatter)
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        """``[OPTIONS] SRC DST``: arguments by name, as a shell user reads them."""
+        names = [p.name.upper() for p in self.get_params(ctx) if p.param_type_name == "argument"]
+        return [self.options_metavar, *names]
+
+
+def _shown(param, value: Any) -> str:
+    """A default as the user would type it: ``--fp32`` for a False ``--bf16/--fp32``."""
+    if isinstance(value, bool):
+        names = param.opts if value else param.secondary_opts
+        return names[0] if names else str(value).lower()
+    return str(value)
 
 
 def _examples(*commands: str) -> str:
@@ -155,15 +242,16 @@ def _root(
 
 
 @app.command(
+    cls=_HelpInWords,
     epilog=_examples(
         "swm collect --preset tiny",
         "swm collect --episodes 200 --resolution 64 --out data/tworoom.lance",
         "swm collect --env CartPole-v1 --policy random --steps 5000 --format hdf5 --out data/cp.h5",
-    )
+    ),
 )
 def collect(
     env: Annotated[
-        str | None, typer.Option(help="gymnasium env id (default swm/TwoRoom-v0)")
+        str | None, typer.Option(help="gymnasium env id")
     ] = None,
     episodes: Annotated[
         int | None, typer.Option(help="finished episodes to collect; default: fill --max-steps")
@@ -188,17 +276,7 @@ def collect(
     as_json: Json = False,
 ) -> None:
     """Roll out a policy through the capped ReplayBuffer; append finished episodes to a dataset."""
-    flags = {
-        "env.id": env,
-        "env.resolution": resolution,
-        "collect.episodes": episodes,
-        "collect.steps": steps,
-        "collect.max_steps": max_steps,
-        "collect.policy": policy,
-        "collect.out": out,
-        "collect.format": format,
-        "collect.seed": seed,
-    }
+    flags = _flags("collect", locals())
     _run(
         "swmcli.collect:run_collect",
         as_json=as_json,
@@ -210,11 +288,12 @@ def collect(
 
 
 @app.command(
+    cls=_HelpInWords,
     epilog=_examples(
         "swm convert data/tworoom.lance data/tworoom.h5",
         "swm convert data/tworoom.h5 data/frames --to folder --keys pixels,action",
         "swm convert data/a.lance data/a.h5 --overwrite",
-    )
+    ),
 )
 def convert(
     src: Annotated[Path, typer.Argument(help="dataset to read (never modified)")],
@@ -241,9 +320,10 @@ def convert(
 
 
 @app.command(
+    cls=_HelpInWords,
     epilog=_examples(
         "swm info data/tworoom.lance",
-    )
+    ),
 )
 def info(
     path: Annotated[Path, typer.Argument(help="a dataset (lance, hdf5 or folder)")],
@@ -261,12 +341,13 @@ def info(
 
 
 @app.command(
+    cls=_HelpInWords,
     epilog=_examples(
         "swm train --preset tiny",
         "swm train --data data/tworoom.lance --steps 3000 --batch-size 64 --out runs/tr64",
         "swm train --preset gpu24-224-bf16 --bf16 --compile",
         "swm train --preset tiny --resume",
-    )
+    ),
 )
 def train(
     data: Annotated[Path | None, typer.Option(help="dataset to stream clips from")] = None,
@@ -291,17 +372,7 @@ def train(
     as_json: Json = False,
 ) -> None:
     """Train a world model, streaming clips from disk; checkpoints are atomic and resumable."""
-    flags = {
-        "data.path": data,
-        "data.history_len": history_len,
-        "data.frameskip": frameskip,
-        "train.steps": steps,
-        "train.batch_size": batch_size,
-        "runtime.bf16": bf16,
-        "runtime.compile": compile,
-        "train.out": out,
-        "train.seed": seed,
-    }
+    flags = _flags("train", locals())
     _run(
         "swmcli.train:run_train",
         as_json=as_json,
@@ -316,6 +387,7 @@ def train(
 
 
 @app.command(
+    cls=_HelpInWords,
     name="eval",
     epilog=_examples(
         "swm eval runs/tiny",
@@ -344,11 +416,12 @@ def eval_(
 
 
 @app.command(
+    cls=_HelpInWords,
     epilog=_examples(
         "swm memprofile --resolution 224 --budget 24GiB",
         "swm memprofile --preset gpu24-224-bf16 --budget 24GiB --ram-budget 64GB --json",
         "swm memprofile --run runs/tiny",
-    )
+    ),
 )
 def memprofile(
     run: Annotated[Path | None, typer.Option(help="profile a trained run's config")] = None,
@@ -371,16 +444,7 @@ def memprofile(
     """Predict (CPU) and measure (GPU) peak memory per technique; the largest batch that fits."""
     if run is not None:
         config = run / "config.json"
-    flags = {
-        "env.resolution": resolution,
-        "train.batch_size": batch_size,
-        "data.history_len": history_len,
-        "data.frameskip": frameskip,
-        "collect.max_steps": max_steps,
-        "runtime.bf16": bf16,
-        "memprofile.budget": budget,
-        "memprofile.ram_budget": ram_budget,
-    }
+    flags = _flags("memprofile", locals())
     _run(
         "swmcli.memprofile:run_memprofile",
         as_json=as_json,

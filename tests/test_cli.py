@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from swmcli import __version__
-from swmcli.cli import app
+from swmcli.cli import FLAG_SETTINGS, app
 
 runner = CliRunner()
 
@@ -27,7 +27,7 @@ def test_every_command_has_help_with_examples(command):
 
 def test_help_does_not_import_heavy_modules():
     code = (
-        "import sys; from swmcli.cli import app; "
+        "import sys; from swmcli.cli import FLAG_SETTINGS, app; "
         "heavy = [m for m in ('torch', 'lance', 'lancedb', 'h5py', 'gymnasium', 'pyarrow') "
         "if m in sys.modules]; print(heavy)"
     )
@@ -78,41 +78,6 @@ def test_json_error_path_keeps_stdout_clean():
 
 
 # Which setting each command-line flag sets (the commands' ``flags`` dicts).
-FLAG_SETTINGS = {
-    "collect": {
-        "env": "env.id",
-        "resolution": "env.resolution",
-        "episodes": "collect.episodes",
-        "steps": "collect.steps",
-        "max_steps": "collect.max_steps",
-        "policy": "collect.policy",
-        "out": "collect.out",
-        "format": "collect.format",
-        "seed": "collect.seed",
-    },
-    "train": {
-        "data": "data.path",
-        "history_len": "data.history_len",
-        "frameskip": "data.frameskip",
-        "steps": "train.steps",
-        "batch_size": "train.batch_size",
-        "bf16": "runtime.bf16",
-        "compile": "runtime.compile",
-        "out": "train.out",
-        "seed": "train.seed",
-    },
-    "eval": {"episodes": "eval.episodes", "planner": "eval.planner", "bf16": "runtime.bf16"},
-    "memprofile": {
-        "resolution": "env.resolution",
-        "batch_size": "train.batch_size",
-        "history_len": "data.history_len",
-        "frameskip": "data.frameskip",
-        "max_steps": "collect.max_steps",
-        "bf16": "runtime.bf16",
-        "budget": "memprofile.budget",
-        "ram_budget": "memprofile.ram_budget",
-    },
-}
 
 
 def test_flag_help_is_the_description_of_the_setting_it_sets():
@@ -127,3 +92,13 @@ def test_flag_help_is_the_description_of_the_setting_it_sets():
             section, key = dotted.split(".")
             field = SwmConfig.model_fields[section].annotation.model_fields[key]
             assert field.description in options[flag].help, (command, flag)
+
+
+@pytest.mark.parametrize("command", ["collect", "train", "memprofile", "eval", "convert"])
+def test_help_names_types_in_words_and_shows_defaults(command):
+    output = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+    assert "<" not in output and "{" not in output  # no <bool>, <int>, {path}
+    if command in ("collect", "memprofile"):
+        assert "INTEGER" in output and "--resolution" in output and "(default: 64)" in output
+    if command == "train":
+        assert "(default: --fp32)" in output and "(default: data/tworoom.lance)" in output
