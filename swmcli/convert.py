@@ -74,7 +74,7 @@ def run_info(path: str | Path) -> CommandResult:
         }
         fields.update({k: v for k, v in reader.metadata.items() if k != "keys"})
         rows = [
-            [key, np.dtype(dtype).name, str(shape), np.dtype(dtype).itemsize * int(np.prod(shape))]
+            [key, np.dtype(dtype).name, list(shape), np.dtype(dtype).itemsize * int(np.prod(shape))]
             for key, (dtype, shape) in reader.keys.items()
         ]
     finally:

@@ -102,3 +102,21 @@ def test_help_names_types_in_words_and_shows_defaults(command):
         assert "INTEGER" in output and "--resolution" in output and "(default: 64)" in output
     if command == "train":
         assert "(default: --fp32)" in output and "(default: data/tworoom.lance)" in output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["info", "nope.lance"],
+        ["convert", "nope.lance", "x.h5"],
+        ["train", "--data", "nope.lance"],
+        ["eval", "nope_run"],
+        ["memprofile", "--run", "nope_run"],
+        ["collect", "--config", "nope.toml"],
+    ],
+)
+def test_a_missing_path_is_a_usage_error_in_every_command(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.stderr and "Traceback" not in result.output

@@ -18,7 +18,7 @@ LENGTHS = (6, 3, 11)
 
 def write_source(path: Path) -> list[dict]:
     episodes = [make_episode(seed, length) for seed, length in enumerate(LENGTHS)]
-    meta = {"env_id": "swm/TwoRoom-v0", "resolution": [32, 32], "action_dim": 2}
+    meta = {"env_id": "swm/TwoRoom-v0", "resolution": [32, 32], "action_dim": 2, "policy": "expert"}
     with open_writer(path, mode="error", metadata=meta) as writer:
         for episode in episodes:
             writer.write_episode(episode)
@@ -51,7 +51,9 @@ def test_round_trip_lance_hdf5_folder_lance_is_bit_exact(tmp_path):
         assert result.fields["dst_size_bytes"] > 0 and result.fields["src_size_bytes"] > 0
     assert [detect(p) for _, p, _ in chain] == ["hdf5", "folder", "lance"]
     final = open_reader(tmp_path / "d.lance")
-    assert final.metadata["env_id"] == "swm/TwoRoom-v0"
+    source = open_reader(tmp_path / "a.lance").metadata
+    for key in ("env_id", "resolution", "action_dim", "policy", "keys"):
+        assert final.metadata[key] == source[key], key
     for index, episode in enumerate(episodes):
         assert_same_episode(final.read_episode(index), episode)
     assert fingerprint(tmp_path / "a.lance") == source_print
@@ -102,8 +104,8 @@ def test_info_shows_format_counts_sizes_and_keys(tmp_path):
     assert fields["per_step_bytes"] == fields["on_disk_bytes"] // sum(LENGTHS)
     assert fields["env_id"] == "swm/TwoRoom-v0"
     rows = {row[0]: row for row in result.tables[0].rows}
-    assert rows["pixels"][1:] == ["uint8", "(32, 32, 3)", 32 * 32 * 3]
-    assert rows["action"][1:3] == ["float32", "(2,)"]
+    assert rows["pixels"][1:] == ["uint8", [32, 32, 3], 32 * 32 * 3]
+    assert rows["action"][1:3] == ["float32", [2]]
 
 
 def test_copy_dataset_returns_what_it_wrote_and_reports_each_episode(tmp_path):

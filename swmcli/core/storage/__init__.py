@@ -196,6 +196,9 @@ def schema_from_json(data: Mapping[str, list]) -> Schema:
     return {k: (np.dtype(d), tuple(int(n) for n in s)) for k, (d, s) in data.items()}
 
 
+WRITER_METADATA = ("format_version", "pixel_encoding", "swm_version", "keys")  # set by the writer
+
+
 def build_metadata(user: Mapping[str, Any], schema: Schema, pixel_encoding: str) -> dict:
     """Dataset metadata: the user's env_id/resolution/action_dim plus what swm adds."""
     import swmcli

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from swmcli.core.storage import (
+    WRITER_METADATA,
     check_keys,
     describe_schema,
     detect,
@@ -25,8 +26,6 @@ from swmcli.core.storage import (
     resolve_format,
 )
 from swmcli.errors import DatasetError, UsageError
-
-_CARRIED_METADATA = ("env_id", "resolution", "action_dim")
 
 
 def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
@@ -146,7 +145,8 @@ def copy_dataset(
             raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
         temporary = dst.with_name(f".tmp-{os.getpid()}-{dst.name}")
         fmt = resolve_format(temporary, to)
-        metadata = {k: reader.metadata.get(k) for k in _CARRIED_METADATA}
+        # Every field the collector wrote (env, policy, ...); the writer sets its own.
+        metadata = {k: v for k, v in reader.metadata.items() if k not in WRITER_METADATA}
         _remove(temporary)
         try:
             with open_writer(temporary, format=fmt, mode="error", metadata=metadata) as writer:
