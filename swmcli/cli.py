@@ -88,6 +88,15 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "compile": "runtime.compile",
         "out": "train.out",
         "seed": "train.seed",
+        "in_memory": "data.in_memory",
+        "ram_budget": "data.ram_budget",
+        "max_steps": "data.max_steps",
+        "online": "online.enabled",
+        "env": "env.id",
+        "policy": "online.policy",
+        "updates_per_step": "online.updates_per_step",
+        "warmup_steps": "online.warmup_steps",
+        "record": "online.record",
     },
     "eval": {"episodes": "eval.episodes", "planner": "eval.planner", "bf16": "runtime.bf16"},
     "memprofile": {
@@ -347,6 +356,8 @@ def info(
         "swm train --data data/tworoom.lance --steps 3000 --batch-size 64 --out runs/tr64",
         "swm train --preset gpu24-224-bf16 --bf16 --compile",
         "swm train --preset tiny --resume",
+        "swm train --preset tworoom-64 --in-memory --max-steps 20000",
+        "swm train --preset tworoom-64 --online --env swm/TwoRoom-v0 --record data/online.lance",
     ),
 )
 def train(
@@ -366,12 +377,57 @@ def train(
         ),
     ] = False,
     seed: Annotated[int | None, typer.Option(help="seed of init, sampling and shuffling")] = None,
+    in_memory: Annotated[
+        bool | None,
+        typer.Option(
+            "--in-memory/--no-in-memory",
+            help="train from a ReplayBuffer loaded with the training episodes (True) or stream "
+            "them from disk (False); default: in memory when they fit --ram-budget",
+        ),
+    ] = None,
+    ram_budget: Annotated[
+        str | None,
+        typer.Option(
+            help="host RAM the training ReplayBuffer may take, e.g. 8GiB; "
+            "default: data.ram_share of the RAM available when training starts"
+        ),
+    ] = None,
+    max_steps: Annotated[
+        int | None,
+        typer.Option(
+            help="ReplayBuffer cap in steps for training: in memory, the newest training "
+            "episodes that fit (default: all); online, the ring (default: collect.max_steps)"
+        ),
+    ] = None,
+    online: Annotated[
+        bool | None,
+        typer.Option("--online", help="collect in the env while training (--env ID)"),
+    ] = None,
+    env: Annotated[str | None, typer.Option(help="gymnasium env id")] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="who picks the actions online: expert or random")
+    ] = None,
+    updates_per_step: Annotated[
+        float | None,
+        typer.Option(help="optimizer steps per env step collected (0.1: one every 10)"),
+    ] = None,
+    warmup_steps: Annotated[
+        int | None, typer.Option(help="env steps collected before the first optimizer step")
+    ] = None,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            help="append every finished episode to this dataset; --resume refills the "
+            "buffer from it"
+        ),
+    ] = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,
     as_json: Json = False,
 ) -> None:
-    """Train a world model, streaming clips from disk; checkpoints are atomic and resumable."""
+    """Train a world model from clips streamed from disk, held in memory, or collected online;
+    checkpoints are atomic and resumable."""
     flags = _flags("train", locals())
     _run(
         "swmcli.train:run_train",

@@ -67,6 +67,32 @@ class DataConfig(Section):
     cache_dir: Path | None = Field(
         None, description="keep the episode index here so reopening does not rescan"
     )
+    in_memory: bool | None = Field(
+        None,
+        description="train from a ReplayBuffer loaded with the training episodes (True) or "
+        "stream them from disk (False); default: in memory when they fit --ram-budget",
+    )
+    ram_budget: int | None = Field(
+        None,
+        description="host RAM the training ReplayBuffer may take, e.g. 8GiB; "
+        "default: data.ram_share of the RAM available when training starts",
+    )
+    ram_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="without --ram-budget, the share of available RAM the buffer may take",
+    )
+    max_steps: PositiveInt | None = Field(
+        None,
+        description="ReplayBuffer cap in steps for training: in memory, the newest training "
+        "episodes that fit (default: all); online, the ring (default: collect.max_steps)",
+    )
+
+    @field_validator("ram_budget", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> int | None:
+        return None if value is None else parse_size(value)
 
 
 class ModelConfig(Section):
@@ -113,6 +139,26 @@ class TrainConfig(Section):
     log_every: PositiveInt = Field(10, description="steps between metrics lines")
 
 
+class OnlineConfig(Section):
+    """`swm train --online`: a policy fills the capped ReplayBuffer while the model trains."""
+
+    enabled: bool = Field(False, description="collect in the env while training (--env ID)")
+    policy: Literal["expert", "random"] = Field(
+        "expert", description="who picks the actions online: expert or random"
+    )
+    updates_per_step: float = Field(
+        0.1, gt=0, description="optimizer steps per env step collected (0.1: one every 10)"
+    )
+    warmup_steps: int = Field(
+        1000, ge=0, description="env steps collected before the first optimizer step"
+    )
+    record: Path | None = Field(
+        None,
+        description="append every finished episode to this dataset; --resume refills the "
+        "buffer from it",
+    )
+
+
 class EvalConfig(Section):
     """`swm eval`: open-loop prediction error and goal reaching with a planner."""
 
@@ -151,6 +197,7 @@ class SwmConfig(Section):
     model: ModelConfig = ModelConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     train: TrainConfig = TrainConfig()
+    online: OnlineConfig = OnlineConfig()
     eval: EvalConfig = EvalConfig()
     memprofile: MemprofileConfig = MemprofileConfig()
 

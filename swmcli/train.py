@@ -23,6 +23,7 @@ from swmcli.training import (
     clip_order,
     learning_rate,
     model_args,
+    model_bytes,
     open_training_data,
     optimizer_step,
 )
@@ -80,7 +81,7 @@ def _loader(cfg: SwmConfig, dataset, first_step: int):
     from swmcli.core.data import make_loader
 
     per_step = cfg.train.batch_size * cfg.train.grad_accum
-    order = clip_order(len(dataset), per_step, first_step, cfg.train.steps, cfg.train.seed)
+    order = clip_order(dataset.num_clips, per_step, first_step, cfg.train.steps, cfg.train.seed)
     return make_loader(
         dataset,
         cfg.train.batch_size,
@@ -155,6 +156,7 @@ def run_train(
         needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
         info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
         warnings = _passes_warning(cfg, len(dataset))
+    clips, source = _clip_source(cfg, dataset, monitor)
     with monitor.phase("setup"):
         model, optimizer = build_model(cfg, metadata)
         state = load_checkpoint(run_dir) if resume else None
@@ -170,7 +172,7 @@ def run_train(
         if state:
             # After .to(device): the optimizer's state must sit where the parameters are.
             optimizer.load_state_dict(state["optimizer"])
-        loader = _loader(cfg, dataset, start)
+        loader = _loader(cfg, clips, start)
         batches = iter(loader)  # creating the iterator draws a seed from torch's generator ...
         if state:
             restore_rng(state)  # ... so the checkpointed state is restored after it
@@ -191,6 +193,9 @@ def run_train(
             "resumed_from_step": start if resume else None,
             "train_episodes": len(episodes),
             "train_clips": len(dataset),
+            "clip_source": "memory" if source.in_memory else "stream",
+            "buffer_bytes": source.buffer_bytes,
+            "model_bytes": model_bytes(model, optimizer),
             "parameters": parameters,
             "device": str(runner.device),
             "dtype": str(runner.dtype).removeprefix("torch."),
@@ -199,9 +204,28 @@ def run_train(
             "checkpoint": str(checkpoint_path(run_dir)),
             "loss_curve": str(run_dir / LOSS_CURVE_FILE),
         },
-        notes=[runner.dtype_reason],
+        notes=[runner.dtype_reason, f"clips {source.reason}"],
         warnings=warnings,
     )
+
+
+def _clip_source(cfg: SwmConfig, dataset, monitor):
+    """What the loader reads, and why: ``dataset`` streamed, or a ReplayBuffer loaded with it."""
+    from swmcli.core.source import choose_source, load_clips, ram_budget
+
+    budget = ram_budget(cfg.data.ram_budget, cfg.data.ram_share)
+    words = (
+        "--ram-budget"
+        if cfg.data.ram_budget is not None
+        else f"{cfg.data.ram_share:.0%} of the RAM available"
+    )
+    steps = int(dataset.episode_lengths[dataset.episodes].sum())
+    source = choose_source(dataset.keys, steps, cfg.data.in_memory, budget, words)
+    info(f"clips {source.reason}")
+    if not source.in_memory:
+        return dataset, source
+    with monitor.phase("load into memory"):
+        return load_clips(dataset, budget, cfg.train.seed), source
 
 
 def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:

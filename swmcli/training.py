@@ -47,13 +47,15 @@ def clip_order(num_clips: int, clips_per_step: int, first_step: int, last_step: 
 
 
 def open_training_data(cfg: SwmConfig):
-    """The clips to train on (all episodes but the last ``eval.heldout_episodes``).
+    """The clips to train on (all episodes but the last ``eval.heldout_episodes``; with
+    ``data.max_steps``, the newest of those that fit it).
 
     Returns ``(dataset, episodes, metadata)``. The dataset is indexed by ``load_dataset`` itself
     (not by opening a reader here), so this process stays safe to fork DataLoader workers from.
     """
     from swmcli.core.clips import heldout_split
     from swmcli.core.data import load_dataset
+    from swmcli.core.source import newest_episodes
 
     def load(episodes):
         return load_dataset(
@@ -74,6 +76,7 @@ def open_training_data(cfg: SwmConfig):
             "for evaluation, leaving none to train on",
             hint="collect more episodes or lower eval.heldout_episodes",
         )
+    episodes = newest_episodes(everything.episode_lengths, episodes, cfg.data.max_steps)
     dataset = load(episodes)
     per_step = cfg.train.batch_size * cfg.train.grad_accum
     if per_step > len(dataset):
@@ -94,6 +97,16 @@ def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
         "frameskip": cfg.data.frameskip,
         "history_len": cfg.data.history_len,
     }
+
+
+def model_bytes(model, optimizer) -> int:
+    """Bytes of the model's parameters, gradients and optimizer state (what training holds
+    besides activations and batches)."""
+    tensors = [*model.parameters()]
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    for state in optimizer.state.values():
+        tensors += [v for v in state.values() if hasattr(v, "element_size")]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def build_model(cfg: SwmConfig, metadata: dict[str, Any]):

@@ -36,6 +36,36 @@ def step_bytes(step: Mapping[str, np.ndarray]) -> int:
     return sum(np.asarray(value).nbytes for value in step.values())
 
 
+def schema_bytes(schema: Schema) -> int:
+    """Bytes of one row of ``schema`` (the sum over its keys)."""
+    return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for dtype, shape in schema.values())
+
+
+def preflight(max_steps: int, row_bytes: int, max_bytes: int | None = None) -> int:
+    """The bytes a buffer of ``max_steps`` rows of ``row_bytes`` needs, or ``BudgetExceeded``.
+
+    The budget is ``max_bytes`` when given, else the RAM the host has available. Nothing is
+    allocated: a caller can ask before it commits to holding the rows.
+    """
+    needed = int(max_steps) * int(row_bytes)
+    if max_bytes is not None:
+        available, source = int(max_bytes), "the budget allows"
+    else:
+        available, source = available_host_bytes(), "the host has available"
+    if needed > available:
+        fits = available // row_bytes
+        raise BudgetExceeded(
+            f"a ReplayBuffer of {max_steps:,} steps needs {format_gb(needed)} "
+            f"({format_bytes(needed)}) of RAM but {source} only {format_gb(available)} "
+            f"({format_bytes(available)}); at most {fits:,} steps of "
+            f"{format_bytes(row_bytes)} fit",
+            hint=f"lower --max-steps (at most {fits:,}) or --resolution",
+            needed=needed,
+            available=available,
+        )
+    return needed
+
+
 def _schema_of(step: Mapping[str, np.ndarray]) -> Schema:
     """Dtype and shape of every key of one step (the storage formats' convention)."""
     arrays = {key: np.asarray(value) for key, value in step.items()}
@@ -128,9 +158,7 @@ class ReplayBuffer:
     @property
     def bytes_per_step(self) -> int:
         """Bytes of one row (0 until the first step fixes the schema)."""
-        if self._schema is None:
-            return 0
-        return sum(int(np.prod(shape)) * dtype.itemsize for dtype, shape in self._schema.values())
+        return 0 if self._schema is None else schema_bytes(self._schema)
 
     @staticmethod
     def nbytes_for(max_steps: int, step: Mapping[str, np.ndarray]) -> int:
@@ -141,23 +169,7 @@ class ReplayBuffer:
 
     def _allocate(self, schema: Schema) -> None:
         """Preflight the full budget, then allocate one ring per key (lazy pages, full size)."""
-        row_bytes = sum(int(np.prod(shape)) * dtype.itemsize for dtype, shape in schema.values())
-        needed = self.max_steps * row_bytes
-        if self.max_bytes is not None:
-            available, source = int(self.max_bytes), "the budget allows"
-        else:
-            available, source = available_host_bytes(), "the host has available"
-        if needed > available:
-            fits = available // row_bytes
-            raise BudgetExceeded(
-                f"a ReplayBuffer of {self.max_steps:,} steps needs {format_gb(needed)} "
-                f"({format_bytes(needed)}) of RAM but {source} only {format_gb(available)} "
-                f"({format_bytes(available)}); at most {fits:,} steps of "
-                f"{format_bytes(row_bytes)} fit",
-                hint=f"lower --max-steps (at most {fits:,}) or --resolution",
-                needed=needed,
-                available=available,
-            )
+        preflight(self.max_steps, schema_bytes(schema), self.max_bytes)
         self._rings = {
             key: np.empty((self.max_steps, *shape), dtype) for key, (dtype, shape) in schema.items()
         }
