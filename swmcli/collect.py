@@ -13,16 +13,7 @@ import numpy as np
 from swmcli.config import SwmConfig
 from swmcli.errors import SwmError
 from swmcli.report import CommandResult, progress
-from swmcli.rollout import action_dim_of, episode_rows, step_row
-
-
-def episode_seed(seed: int, index: int) -> int:
-    """The seed of episode ``index`` of a dataset collected with ``--seed seed``.
-
-    A function of (seed, index) only, so appending continues with new episodes instead of
-    repeating the first ones, and two runs of 20 episodes write what one run of 40 writes.
-    """
-    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+from swmcli.rollout import action_dim_of, episode_rows, episode_seed, step_row
 
 
 def step_target(settings) -> int | None:

@@ -66,6 +66,9 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
             f"{run_dir} already holds a trained run",
             hint="pass --resume to continue it, or --out for a new run directory",
         )
+    if cfg.online.enabled and cfg.online.record is not None:
+        # `swm eval RUN_DIR` reads held-out episodes from the data the run recorded.
+        cfg = with_settings(cfg, {"data.path": cfg.online.record})
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
     cfg = with_settings(cfg, {"data.path": Path(cfg.data.path).resolve()})
     save_config(cfg, run_dir)
@@ -151,14 +154,15 @@ def run_train(
     compiled = "on" if runner.compile else "off"
     info(f"device {runner.device}; {runner.dtype_reason}; compile {compiled}")
     with monitor.phase("preflight", track_tensors=False):
-        dataset, episodes, metadata = open_training_data(cfg)
-        args = model_args(cfg, metadata)
+        data = _OnlineData(cfg, resume) if cfg.online.enabled else _StoredData(cfg)
+        args = model_args(cfg, data.metadata)
         needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
         info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
-        warnings = _passes_warning(cfg, len(dataset))
-    clips, source = _clip_source(cfg, dataset, monitor)
+    if data.loads:
+        with monitor.phase("load into memory"):
+            data.load()
     with monitor.phase("setup"):
-        model, optimizer = build_model(cfg, metadata)
+        model, optimizer = build_model(cfg, data.metadata)
         state = load_checkpoint(run_dir) if resume else None
         start = state["step"] if state else 0
         if start >= cfg.train.steps:
@@ -172,8 +176,7 @@ def run_train(
         if state:
             # After .to(device): the optimizer's state must sit where the parameters are.
             optimizer.load_state_dict(state["optimizer"])
-        loader = _loader(cfg, clips, start)
-        batches = iter(loader)  # creating the iterator draws a seed from torch's generator ...
+        batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...
         if state:
             restore_rng(state)  # ... so the checkpointed state is restored after it
         _trim_metrics(run_dir / METRICS_FILE, start)
@@ -182,7 +185,10 @@ def run_train(
     def checkpoint(step: int) -> None:
         save_checkpoint(run_dir, model=model, optimizer=optimizer, step=step, model_args=args)
 
-    summary = _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint)
+    try:
+        summary = _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint)
+    finally:
+        data.close()
     draw_loss_curve(run_dir / METRICS_FILE, run_dir / LOSS_CURVE_FILE)
     parameters = sum(p.numel() for p in model.parameters())
     return CommandResult(
@@ -191,10 +197,7 @@ def run_train(
             "run_dir": str(run_dir),
             "steps": cfg.train.steps,
             "resumed_from_step": start if resume else None,
-            "train_episodes": len(episodes),
-            "train_clips": len(dataset),
-            "clip_source": "memory" if source.in_memory else "stream",
-            "buffer_bytes": source.buffer_bytes,
+            **data.fields(),
             "model_bytes": model_bytes(model, optimizer),
             "parameters": parameters,
             "device": str(runner.device),
@@ -204,28 +207,86 @@ def run_train(
             "checkpoint": str(checkpoint_path(run_dir)),
             "loss_curve": str(run_dir / LOSS_CURVE_FILE),
         },
-        notes=[runner.dtype_reason, f"clips {source.reason}"],
-        warnings=warnings,
+        notes=[runner.dtype_reason, *data.notes],
+        warnings=data.warnings,
     )
 
 
-def _clip_source(cfg: SwmConfig, dataset, monitor):
-    """What the loader reads, and why: ``dataset`` streamed, or a ReplayBuffer loaded with it."""
-    from swmcli.core.source import choose_source, load_clips, ram_budget
+class _StoredData:
+    """Clips of a dataset's training episodes: streamed from disk, or loaded into a ReplayBuffer
+    when they fit the RAM budget (``--in-memory`` insists, ``--no-in-memory`` streams)."""
 
-    budget = ram_budget(cfg.data.ram_budget, cfg.data.ram_share)
-    words = (
-        "--ram-budget"
-        if cfg.data.ram_budget is not None
-        else f"{cfg.data.ram_share:.0%} of the RAM available"
-    )
-    steps = int(dataset.episode_lengths[dataset.episodes].sum())
-    source = choose_source(dataset.keys, steps, cfg.data.in_memory, budget, words)
-    info(f"clips {source.reason}")
-    if not source.in_memory:
-        return dataset, source
-    with monitor.phase("load into memory"):
-        return load_clips(dataset, budget, cfg.train.seed), source
+    def __init__(self, cfg: SwmConfig):
+        from swmcli.core.source import choose_source, ram_budget
+
+        self.cfg = cfg
+        self.dataset, self.episodes, self.metadata = open_training_data(cfg)
+        self.warnings = _passes_warning(cfg, len(self.dataset))
+        self.budget = ram_budget(cfg.data.ram_budget, cfg.data.ram_share)
+        words = (
+            "--ram-budget"
+            if cfg.data.ram_budget is not None
+            else f"{cfg.data.ram_share:.0%} of the RAM available"
+        )
+        steps = int(self.dataset.episode_lengths[self.dataset.episodes].sum())
+        self.source = choose_source(
+            self.dataset.keys, steps, cfg.data.in_memory, self.budget, words
+        )
+        info(f"clips {self.source.reason}")
+        self.notes = [f"clips {self.source.reason}"]
+        self.loads = self.source.in_memory
+        self.clips = self.dataset
+
+    def load(self) -> None:
+        from swmcli.core.source import load_clips
+
+        self.clips = load_clips(self.dataset, self.budget, self.cfg.train.seed)
+
+    def batches(self, first_step: int):
+        return iter(_loader(self.cfg, self.clips, first_step))
+
+    def fields(self) -> dict:
+        return {
+            "train_episodes": len(self.episodes),
+            "train_clips": len(self.dataset),
+            "clip_source": "memory" if self.source.in_memory else "stream",
+            "buffer_bytes": self.source.buffer_bytes,
+        }
+
+    def close(self) -> None:
+        """Nothing to close: the loader's workers end with it."""
+
+
+class _OnlineData:
+    """Clips of episodes a policy collects while the model trains (``swmcli.online``)."""
+
+    def __init__(self, cfg: SwmConfig, resume: bool):
+        from swmcli.core.source import ram_budget
+        from swmcli.online import OnlineFeed
+
+        self.resume = self.loads = resume  # a resumed run refills its buffer from --record
+        self.feed = OnlineFeed(cfg, ram_budget(cfg.data.ram_budget, cfg.data.ram_share))
+        self.metadata = self.feed.metadata
+        self.warnings: list[str] = []
+        self.notes = [
+            f"online: {cfg.online.policy} policy in {cfg.env.id}, "
+            f"{cfg.online.updates_per_step:g} optimizer steps per env step after "
+            f"{cfg.online.warmup_steps} warm-up steps, buffer of {self.feed.cap:,} steps"
+        ]
+
+    def load(self) -> None:
+        self.feed.open_record(self.resume)
+
+    def batches(self, first_step: int):
+        if not self.resume:
+            self.feed.open_record(resume=False)
+        return self.feed.batches(first_step)
+
+    def fields(self) -> dict:
+        return {**self.feed.fields(), "buffer_bytes": self.feed.buffer.nbytes}
+
+    def close(self) -> None:
+        self.feed.close()
 
 
 def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
