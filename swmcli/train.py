@@ -1,13 +1,18 @@
-"""`swm train`: train the JEPA world model on clips streamed from a dataset on disk.
+"""`swm train`: train the JEPA world model on clips from a dataset, or collected online.
 
-The loop reads top to bottom: open the dataset (held-out episodes excluded), build the model and
-AdamW, restore a checkpoint if resuming, then for each step run ``grad_accum`` micro-batches under
-the runner's autocast, clip gradients, step, log, and checkpoint every ``checkpoint_every`` steps.
+The loop reads top to bottom: open the data, build the model and AdamW, restore a checkpoint if
+resuming, then for each step run ``grad_accum`` micro-batches under the runner's autocast, clip
+gradients, step, log, and checkpoint every ``checkpoint_every`` steps.
+
+The data is one of three (``_StoredData``, ``_OnlineData``): a dataset's training episodes
+(held-out ones excluded) streamed from disk, the same episodes loaded into a ReplayBuffer when
+they fit the RAM budget (``core/source.py``), or episodes a policy collects into a capped buffer
+while the model trains (``online.py``).
 
 Reproducible: the clip order of every step is a function of (seed, step) (see ``clip_order``), the
 model init and SIGReg's random directions come from torch's seeded generator, and checkpoints
 carry that generator's state, so ``--resume`` continues with exactly the losses an uninterrupted
-run would have had. Only the current batches are in memory: the DataLoader reads clips lazily.
+run would have had, streamed or in memory (the two read the same clips).
 """
 
 import json
@@ -264,8 +269,10 @@ class _OnlineData:
         from swmcli.core.source import ram_budget
         from swmcli.online import OnlineFeed
 
-        self.resume = self.loads = resume  # a resumed run refills its buffer from --record
         self.feed = OnlineFeed(cfg, ram_budget(cfg.data.ram_budget, cfg.data.ram_share))
+        self.loads = resume  # a resumed run refills its buffer from --record (``load``)
+        if not resume:
+            self.feed.open_record(resume=False)
         self.metadata = self.feed.metadata
         self.warnings: list[str] = []
         self.notes = [
@@ -275,11 +282,9 @@ class _OnlineData:
         ]
 
     def load(self) -> None:
-        self.feed.open_record(self.resume)
+        self.feed.open_record(resume=True)
 
     def batches(self, first_step: int):
-        if not self.resume:
-            self.feed.open_record(resume=False)
         return self.feed.batches(first_step)
 
     def fields(self) -> dict:
