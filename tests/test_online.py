@@ -1,0 +1,146 @@
+"""`swm train --online`: a policy fills the capped buffer while the model trains; whole episodes
+are evicted; a killed run keeps every finished episode and resumes from its record."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from swmcli.config import resolve_config
+from swmcli.core.memory import MemoryMonitor
+from swmcli.core.storage import open_reader
+from swmcli.envs import make_env
+from swmcli.envs.policies import make_policy
+from swmcli.errors import UsageError
+from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
+from swmcli.rollout import action_dim_of, episode_rows, episode_seed
+from swmcli.train import run_train
+
+ROOT = Path(__file__).parents[1]
+ONLINE = {
+    "online.enabled": True,
+    "env.id": "swm/TwoRoom-v0",
+    "online.warmup_steps": 100,
+    "online.updates_per_step": 0.25,
+    "data.max_steps": 200,
+    "train.log_every": 1,
+}
+
+
+def _cfg(tmp_path: Path, **flags):
+    settings = {"train.out": tmp_path / "run", "online.record": tmp_path / "record.lance"}
+    return resolve_config("tiny", flags={**settings, **ONLINE, **flags})
+
+
+def _episodes_are_the_seeded_ones(record: Path, cfg) -> list[int]:
+    """Every recorded episode equals episode i of the policy's seeded rollouts; their lengths."""
+    reader = open_reader(record)
+    env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps)
+    for index in range(reader.num_episodes):
+        seed = episode_seed(cfg.train.seed, index)
+        policy = make_policy(cfg.online.policy, env, seed)
+        rows = list(episode_rows(env, policy, action_dim_of(env), seed=seed))
+        stored = reader.read_episode(index)
+        for key in rows[0]:
+            expected = np.stack([row[key] for row in rows])
+            assert np.array_equal(stored[key], expected, equal_nan=True), (index, key)
+    lengths = reader.episode_lengths.tolist()
+    reader.close()
+    return lengths
+
+
+def test_online_learns_and_evicts_whole_episodes(tmp_path):
+    cfg = _cfg(tmp_path, **{"train.steps": 60})
+    result = run_train(cfg, MemoryMonitor()).fields
+    rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    first = np.mean([row["prediction"] for row in rows[:5]])
+    last = np.mean([row["prediction"] for row in rows[-5:]])
+    assert last < 0.7 * first, (first, last)
+    # 100 warm-up rows + 59 steps / 0.25 = 336 rows collected, into a 200-step ring.
+    assert result["collected_steps"] >= 336 and result["evicted_episodes"] > 0
+    lengths = _episodes_are_the_seeded_ones(tmp_path / "record.lance", cfg)
+    assert len(lengths) == result["collected_episodes"]
+    # The ring holds the newest whole episodes: evicted ones are the oldest, none in part.
+    held = result["buffer_episodes"]
+    assert held + result["evicted_episodes"] == len(lengths)
+    assert result["buffer_steps"] == sum(lengths[-held:]) <= 200
+    assert result["buffer_bytes"] == 200 * (32 * 32 * 3 + 4 * 2 + 4 * 2 + 4 + 1 + 1 + 4 * 2)
+    # `swm eval` finds the recorded episodes.
+    assert json.loads((tmp_path / "run/config.json").read_text())["data"]["path"] == str(
+        (tmp_path / "record.lance").resolve()
+    )
+
+
+def _online_in_subprocess(tmp_path: Path) -> subprocess.Popen:
+    code = (
+        "import sys, json\n"
+        "from swmcli.config import resolve_config\n"
+        "from swmcli.core.memory import MemoryMonitor\n"
+        "from swmcli.train import run_train\n"
+        "flags = json.loads(sys.argv[1])\n"
+        "run_train(resolve_config('tiny', flags=flags), MemoryMonitor())\n"
+    )
+    flags = {
+        **ONLINE,
+        "train.out": str(tmp_path / "run"),
+        "online.record": str(tmp_path / "record.lance"),
+        "train.steps": 2000,
+        "train.checkpoint_every": 5,
+    }
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(flags)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _recorded(record: Path) -> int:
+    try:
+        reader = open_reader(record)
+    except Exception:  # not created yet
+        return 0
+    count = reader.num_episodes
+    reader.close()
+    return count
+
+
+def test_sigkill_keeps_every_finished_episode_and_resume_continues(tmp_path):
+    record = tmp_path / "record.lance"
+    process = _online_in_subprocess(tmp_path)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (
+        checkpoint_path(tmp_path / "run").exists() and _recorded(record) >= 8
+    ):
+        time.sleep(0.05)
+    before_kill = _recorded(record)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert before_kill >= 8
+    cfg = _cfg(tmp_path)
+    kept = _episodes_are_the_seeded_ones(record, cfg)
+    assert len(kept) >= before_kill  # every episode finished before the kill, whole
+    saved = load_checkpoint(tmp_path / "run")["step"]
+
+    # --resume refills the buffer from the record and goes on collecting after its episodes.
+    resumed = run_train(cfg, MemoryMonitor(), resume=True, steps=saved + 40).fields
+    assert resumed["resumed_from_step"] == saved
+    assert resumed["refilled_episodes"] >= 1
+    assert resumed["collected_episodes"] > len(kept)
+    assert load_checkpoint(tmp_path / "run")["step"] == saved + 40
+    after = _episodes_are_the_seeded_ones(record, cfg)
+    assert after[: len(kept)] == kept and len(after) == resumed["collected_episodes"]
+
+
+def test_online_resume_needs_a_record(tmp_path):
+    cfg = _cfg(tmp_path, **{"online.record": None, "train.steps": 2})
+    run_train(cfg, MemoryMonitor())
+    with pytest.raises(UsageError, match="resumes from its --record"):
+        run_train(cfg, MemoryMonitor(), resume=True, steps=4)
