@@ -224,6 +224,11 @@ class _StoredData:
     def __init__(self, cfg: SwmConfig):
         from swmcli.core.source import choose_source, ram_budget
 
+        if cfg.online.record is not None:
+            raise UsageError(
+                "--record saves the episodes of an online run, and this run is not online",
+                hint="add --online --env ID, or drop --record",
+            )
         self.cfg = cfg
         self.dataset, self.episodes, self.metadata = open_training_data(cfg)
         self.warnings = _passes_warning(cfg, len(self.dataset))
@@ -269,6 +274,12 @@ class _OnlineData:
         from swmcli.core.source import ram_budget
         from swmcli.online import OnlineFeed
 
+        if cfg.data.in_memory is not None:
+            raise UsageError(
+                "--online trains from the buffer it fills: --in-memory and --no-in-memory "
+                "choose how a dataset is read",
+                hint="drop --in-memory/--no-in-memory (--max-steps caps the online buffer)",
+            )
         self.feed = OnlineFeed(cfg, ram_budget(cfg.data.ram_budget, cfg.data.ram_share))
         self.loads = resume  # a resumed run refills its buffer from --record (``load``)
         if not resume:

@@ -139,6 +139,14 @@ def test_sigkill_keeps_every_finished_episode_and_resume_continues(tmp_path):
     assert after[: len(kept)] == kept and len(after) == resumed["collected_episodes"]
 
 
+def test_flags_that_do_not_go_together_are_refused_before_any_work(tmp_path):
+    with pytest.raises(UsageError, match="--online trains from the buffer it fills"):
+        run_train(_cfg(tmp_path, **{"data.in_memory": True}), MemoryMonitor())
+    offline = {"online.enabled": False, "data.path": tmp_path / "absent.lance"}
+    with pytest.raises(UsageError, match="this run is not online"):
+        run_train(_cfg(tmp_path, **offline), MemoryMonitor())
+
+
 def test_online_resume_needs_a_record(tmp_path):
     cfg = _cfg(tmp_path, **{"online.record": None, "train.steps": 2})
     run_train(cfg, MemoryMonitor())
