@@ -9,7 +9,9 @@ DataLoader worker), ``swm train`` from the ReplayBuffer loaded with the same epi
 (``--in-memory``), and the trainer's ceiling: the same optimizer step on one constant batch, no
 loader at all. Clips/s of training are the steady state (the first step, which also starts the
 workers, is timed apart), and each row says what share of the ceiling it reaches. The first two
-rows also check that both sources gave the same losses.
+rows also check that both sources gave the same losses. A fourth row trains online, collecting
+and recording episodes in the trainer's process (``--online --record``, the tworoom-64 preset's
+updates per row): its share of the ceiling is what one process costs the trainer.
 """
 
 import argparse
@@ -47,13 +49,15 @@ def collect(out: Path, episodes: int) -> None:
     )
 
 
-def train_row(cfg, in_memory: bool, run_dir: Path) -> dict:
+def train_row(cfg, in_memory: bool | None, run_dir: Path) -> dict:
     """One `swm train` run: its steady clips/s, its wall time and its losses."""
     from swmcli.config import with_settings
     from swmcli.core.memory import MemoryMonitor
     from swmcli.train import run_train
 
-    cfg = with_settings(cfg, {"data.in_memory": in_memory, "train.out": run_dir})
+    if not cfg.online.enabled:
+        cfg = with_settings(cfg, {"data.in_memory": in_memory})
+    cfg = with_settings(cfg, {"train.out": run_dir})
     start = time.perf_counter()
     fields = run_train(cfg, MemoryMonitor()).fields
     seconds = time.perf_counter() - start
@@ -64,6 +68,20 @@ def train_row(cfg, in_memory: bool, run_dir: Path) -> dict:
         "buffer_bytes": fields["buffer_bytes"],
         "losses": losses,
     }
+
+
+def online_row(cfg, scratch: Path) -> dict:
+    """`swm train --online --record`: collection and recording in the trainer's process, at the
+    tworoom-64 preset's updates per row (after a warm-up of one batch's rows)."""
+    from swmcli.config import with_settings
+
+    flags = {
+        "online.enabled": True,
+        "online.record": scratch / "online.lance",
+        "online.warmup_steps": cfg.train.batch_size,
+        "data.max_steps": 20_000,
+    }
+    return train_row(with_settings(cfg, flags), None, scratch / "online")
 
 
 def ceiling_row(cfg) -> dict:
@@ -127,6 +145,7 @@ def run(args, scratch: Path) -> None:
     rows = {
         "swm train, streamed (Lance)": train_row(cfg, False, scratch / "streamed"),
         "swm train, in memory": train_row(cfg, True, scratch / "memory"),
+        "swm train --online --record": online_row(cfg, scratch),
         "constant batch (ceiling)": ceiling_row(cfg),
     }
     ceiling = rows["constant batch (ceiling)"]["clips_per_s"]
