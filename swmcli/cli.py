@@ -259,9 +259,7 @@ def _root(
     ),
 )
 def collect(
-    env: Annotated[
-        str | None, typer.Option(help="gymnasium env id")
-    ] = None,
+    env: Annotated[str | None, typer.Option(help="gymnasium env id")] = None,
     episodes: Annotated[
         int | None, typer.Option(help="finished episodes to collect; default: fill --max-steps")
     ] = None,
@@ -381,8 +379,8 @@ def train(
         bool | None,
         typer.Option(
             "--in-memory/--no-in-memory",
-            help="train from a ReplayBuffer loaded with the training episodes (True) or stream "
-            "them from disk (False); default: in memory when they fit --ram-budget",
+            help="train from a ReplayBuffer loaded with the training episodes (--in-memory) or "
+            "stream them from disk (--no-in-memory); default: in memory when they fit --ram-budget",
         ),
     ] = None,
     ram_budget: Annotated[

@@ -69,8 +69,9 @@ class DataConfig(Section):
     )
     in_memory: bool | None = Field(
         None,
-        description="train from a ReplayBuffer loaded with the training episodes (True) or "
-        "stream them from disk (False); default: in memory when they fit --ram-budget",
+        description="train from a ReplayBuffer loaded with the training episodes "
+        "(--in-memory) or stream them from disk (--no-in-memory); default: in memory when "
+        "they fit --ram-budget",
     )
     ram_budget: int | None = Field(
         None,
