@@ -7,20 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swmcli.collect import run_collect
 from swmcli.config import resolve_config
 from swmcli.core.memory import MemoryMonitor
 from swmcli.core.source import newest_episodes
 from swmcli.errors import BudgetExceeded, UsageError
 from swmcli.train import run_train
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "tiny.lance"
-    cfg = resolve_config("tiny", flags={"collect.out": out, "collect.episodes": 10})
-    run_collect(cfg, MemoryMonitor())
-    return out
 
 
 def _cfg(data: Path, out: Path, **flags):

@@ -25,14 +25,6 @@ from swmcli.training import clip_order, learning_rate
 ROOT = Path(__file__).parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("data") / "tiny.lance"
-    cfg = resolve_config("tiny", flags={"collect.out": out, "collect.episodes": 10})
-    run_collect(cfg, MemoryMonitor())
-    return out
-
-
 def _cfg(data: Path, out: Path, **flags):
     settings = {"data.path": data, "train.out": out, **flags}
     return resolve_config("tiny", flags=settings)
