@@ -51,6 +51,7 @@ def test_tiny_preset_learns_without_collapse(tiny_data, tmp_path):
     assert result.fields["steady_clips_per_s"] == pytest.approx(steady)
     assert [p.name for p in monitor.report.phases] == [
         "preflight",
+        "load into memory",  # the tiny data fits the RAM budget: trained in memory
         "setup",
         "first step (incl. compile)",
         "steady state",
