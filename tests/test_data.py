@@ -14,6 +14,7 @@ from test_storage import SUFFIX, make_episode
 from swmcli.core.buffer import ReplayBuffer
 from swmcli.core.data import load_dataset, make_loader
 from swmcli.core.storage import FORMATS, open_writer
+from swmcli.core.storage.lance import opened_in_this_process as lance_opened
 
 LENGTHS = (9, 4, 12, 7)
 
@@ -212,8 +213,15 @@ def test_a_plain_dataloader_with_the_default_collate_equals_make_loader(dataset,
     path, _ = dataset
     clips = load_dataset(path, keys_to_load=["pixels", "action"], history_len=2, frameskip=2)
     order = np.random.default_rng(0).permutation(clips.num_clips)
+    # Workers fork, unless this (test) process has opened Lance already: Lance is not fork-safe.
+    # A fresh process forks them (test_plain_dataloader_workers_fork_in_a_fresh_process).
+    context = "forkserver" if workers and lance_opened() else None
     plain = torch.utils.data.DataLoader(
-        clips, batch_size=4, sampler=order.tolist(), num_workers=workers
+        clips,
+        batch_size=4,
+        sampler=order.tolist(),
+        num_workers=workers,
+        multiprocessing_context=context,
     )
     ours = make_loader(clips, batch_size=4, num_workers=workers, order=order, drop_last=False)
     pairs = list(zip(plain, ours, strict=True))
@@ -224,10 +232,42 @@ def test_a_plain_dataloader_with_the_default_collate_equals_make_loader(dataset,
             assert got[key].dtype == want[key].dtype
             assert torch.equal(got[key].nan_to_num(), want[key].nan_to_num())
     # shuffle=True: every clip once per epoch, in some order
-    shuffled = torch.utils.data.DataLoader(clips, batch_size=4, shuffle=True, num_workers=workers)
+    shuffled = torch.utils.data.DataLoader(
+        clips, batch_size=4, shuffle=True, num_workers=workers, multiprocessing_context=context
+    )
     seen = torch.cat([batch["pixels"] for batch in shuffled])
     every = torch.from_numpy(clips.read_batch(range(clips.num_clips))["pixels"])
     assert sorted(map(bytes, seen.numpy())) == sorted(map(bytes, every.numpy()))
+
+
+def test_plain_dataloader_workers_fork_in_a_fresh_process(tmp_path):
+    """A user's script: load_dataset over Lance, then a plain DataLoader with forked workers."""
+    path = tmp_path / "d.lance"
+    write_dataset(path, fmt="lance")
+    code = (
+        "import sys, torch\n"
+        "from swmcli import load_dataset\n"
+        "clips = load_dataset(sys.argv[1], history_len=2, frameskip=2)\n"
+        "loader = torch.utils.data.DataLoader(clips, batch_size=4, shuffle=True, num_workers=2)\n"
+        "print(sum(len(batch['pixels']) for batch in loader), clips.num_clips)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    seen, total = done.stdout.split()
+    assert seen == total
+
+
+def test_a_fork_after_lance_was_opened_is_refused_clearly(tmp_path):
+    """Lance opened in the parent, then forked workers: one clear error, not a random crash."""
+    path = tmp_path / "d.lance"
+    write_dataset(path, fmt="lance")
+    clips = load_dataset(path, history_len=2, frameskip=2)
+    clips[0]  # opens Lance in this process
+    loader = torch.utils.data.DataLoader(
+        clips, batch_size=4, num_workers=1, multiprocessing_context="fork"
+    )
+    with pytest.raises(ValueError, match="forkserver"):
+        next(iter(loader))
 
 
 def test_every_bad_argument_of_load_dataset_is_a_value_error(tmp_path):

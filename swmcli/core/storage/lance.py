@@ -10,11 +10,13 @@ Each ``write_episode`` is one Lance commit, so an episode is on disk or not at a
 commits make many small fragments, which slow reads down; the writer compacts them every
 ``COMPACT_EVERY`` episodes and on close.
 
-Lance is not fork-safe: a process forked after this one opened a dataset crashes when it reads.
-``opened_in_this_process()`` tells the DataLoader factory whether it may still fork.
+Lance is not fork-safe: a process forked after this one opened a dataset may crash when it reads.
+``opened_in_this_process()`` tells the DataLoader factory whether it may still fork, and a reader
+opened in such a forked child refuses with a clear error instead of crashing at random.
 """
 
 import json
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,7 +34,7 @@ from swmcli.core.storage import (
     schema_from_json,
     take_rows,
 )
-from swmcli.errors import DatasetError, first_line
+from swmcli.errors import DatasetError, UsageError, first_line
 
 COMPACT_EVERY = 64
 PIXEL_ENCODING = "raw uint8, zstd"
@@ -41,17 +43,25 @@ _STORAGE_VERSION = "2.1"
 _FRAGMENT_BYTES = 256 * 2**20
 _TAKE_BYTES = 4 * 2**20
 _DAMAGED_HINT = "the dataset is damaged (a missing or truncated file): restore it or collect again"
-_opened = False
+_opened_by: int | None = None  # the pid that first opened a Lance dataset (inherited by a fork)
 
 
 def opened_in_this_process() -> bool:
     """True once this process has opened a Lance dataset (forking is unsafe from then on)."""
-    return _opened
+    return _opened_by == os.getpid()
 
 
 def _mark_opened() -> None:
-    global _opened
-    _opened = True
+    """Note that this process uses Lance; refuse if it is a fork of a process that did already."""
+    global _opened_by
+    if _opened_by is not None and _opened_by != os.getpid():
+        raise UsageError(
+            "this process was forked from one that had already opened a Lance dataset, and Lance "
+            "is not fork-safe: start DataLoader workers with multiprocessing_context='forkserver'",
+            hint="give the DataLoader multiprocessing_context='forkserver' (or 'spawn'), or use "
+            "swmcli's make_loader, which picks it for you",
+        )
+    _opened_by = os.getpid()
 
 
 def _arrow_schema(schema, metadata: dict):
