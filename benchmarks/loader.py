@@ -1,24 +1,37 @@
-"""Streaming clips from disk: Lance, HDF5 and the in-RAM ReplayBuffer, side by side in one run.
+"""Streaming clips: swm's Lance and HDF5 loaders, the in-RAM ReplayBuffer and upstream's Lance
+loader (stable-worldmodel 0.1.1), on the very same episodes, in one run.
 
-    python3 benchmarks/loader.py                 # TwoRoom frames, 224x224, 4,000 steps
-    python3 benchmarks/loader.py --pixels noise  # incompressible frames: the worst case
+    python benchmarks/loader.py                                   # swm rows only
+    python benchmarks/loader.py --upstream-python UPVENV/bin/python --repeats 3
 
-Same data for every row: 224x224 clips, history 4, frameskip 2, batch 64, 2 DataLoader workers
-(the buffer is read in-process, as ``make_loader`` does for it). For each row it prints clips/s
-after the first batch, the time to the first batch (worker start included), the rate at which
-on-disk bytes were consumed next to the disk's sequential read bandwidth measured in the same run
-(a cold read of a fresh file), and peak RSS: the loading process after the first batch and at the
-end (flat when only the current batches are in memory), and the largest worker. The dataset files
-are dropped from the page cache before each row, so the first epoch reads from the disk.
+The episodes are ``make_episode(seed)`` from ``../shared/bench/synth.py`` (40 x 100 steps of
+224x224 frames that compress like a simple rendered scene); every row reads clips of history 4,
+frameskip 2, batch 64, with 2 DataLoader workers (the buffer is read in-process, as
+``make_loader`` does for it). Each row prints clips/s after two warm-up batches, the time to the
+first batch from opening the dataset (workers' start included), bytes on disk per step and peak
+RSS. The dataset files are dropped from the page cache before every streamed row (cold).
 
-Reference: stable-worldmodel 0.1.1's Lance reader, about 560 clips/s on a 2-core machine (spec);
-the target is 2x that. Every batch is checked equal across the three sources (lossless).
+The upstream row runs ``../shared/bench/upstream_loader_bench.py`` (it writes the same episodes
+with upstream's own writer and times ``load_dataset`` + DataLoader with the same settings) with
+the interpreter given by ``--upstream-python``: a separate venv, never swm's, made with
+
+    python -m venv UPVENV && UPVENV/bin/pip install torch==2.13.0 \\
+        && UPVENV/bin/pip install stable-worldmodel==0.1.1 opencv-python-headless imageio h5py
+
+(upstream imports torchvision, whose PyPI wheels need the CUDA build of torch). Every ratio is
+taken within this run: the machine's load moves all rows together. Rows are interleaved over
+``--repeats`` rounds and the median is shown with the range.
+
+Last, "where the time goes": one batch read in this process, split by key and stage.
 """
 
 import argparse
+import importlib.util
+import json
 import multiprocessing
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,43 +40,29 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from swmcli.core.buffer import ReplayBuffer
-from swmcli.core.data import load_dataset, make_loader
-from swmcli.core.memory import peak_rss_bytes
-from swmcli.core.storage import nbytes_under, open_writer
-from swmcli.envs.tworoom import draw
-from swmcli.units import format_bytes
+from swmcli.core.buffer import ReplayBuffer  # noqa: E402
+from swmcli.core.clips import action_rows, observation_rows  # noqa: E402
+from swmcli.core.data import load_dataset, make_loader  # noqa: E402
+from swmcli.core.memory import peak_rss_bytes  # noqa: E402
+from swmcli.core.storage import nbytes_under, open_reader, open_writer  # noqa: E402
+from swmcli.units import format_bytes  # noqa: E402
 
-HISTORY_LEN, FRAMESKIP, BATCH, WORKERS = 4, 2, 64, 2
-UPSTREAM_CLIPS_PER_S = 560  # stable-worldmodel 0.1.1, Lance, 2 cores (quoted by the spec)
+HISTORY_LEN, FRAMESKIP, BATCH, WORKERS, WARMUP = 4, 2, 64, 2, 2
 
 
-def make_episode(index: int, length: int, resolution: int, pixels: str) -> dict[str, np.ndarray]:
-    """A TwoRoom-like random walk (or random noise frames) with the keys collect writes."""
-    rng = np.random.default_rng(index)
-    steps = np.cumsum(rng.uniform(-0.03, 0.03, (length, 2)), axis=0)
-    state = np.clip(0.3 + steps, 0.06, 0.94).astype(np.float32)
-    if pixels == "noise":
-        frames = rng.integers(0, 256, (length, resolution, resolution, 3), dtype=np.uint8)
-    else:
-        frames = np.stack([draw(resolution, float(x), float(y)) for x, y in state])
-    action = rng.uniform(-1, 1, (length, 2)).astype(np.float32)
-    action[-1] = np.nan
-    return {
-        "pixels": frames,
-        "action": action,
-        "reward": np.zeros(length, np.float32),
-        "terminated": np.zeros(length, bool),
-        "truncated": np.eye(1, length, length - 1, dtype=bool)[0],
-        "state": state,
-        "goal": np.tile(rng.uniform(0.1, 0.9, 2).astype(np.float32), (length, 1)),
-    }
+def load_synth(bench_dir: Path):
+    """``synth.make_episode`` from the shared benchmark folder (pure numpy, no project code)."""
+    spec = importlib.util.spec_from_file_location("synth", bench_dir / "synth.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_episode
 
 
 def drop_from_page_cache(path: Path) -> None:
-    """Ask the kernel to forget a file's cached pages, so the next read comes from the disk."""
+    """Ask the kernel to forget a dataset's cached pages, so the next read comes from the disk."""
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     for file in files:
         descriptor = os.open(file, os.O_RDONLY)
@@ -74,28 +73,12 @@ def drop_from_page_cache(path: Path) -> None:
             os.close(descriptor)
 
 
-def sequential_read_bandwidth(directory: Path, size: int = 512 * 2**20) -> float:
-    """Bytes/s of a cold sequential read of a fresh file of ``size`` bytes (8 MiB reads)."""
-    file = directory / "bandwidth.bin"
-    block = np.random.default_rng(0).integers(0, 256, 8 * 2**20, dtype=np.uint8).tobytes()
-    with file.open("wb") as handle:
-        for _ in range(size // len(block)):
-            handle.write(block)
-    drop_from_page_cache(file)
-    start = time.perf_counter()
-    with file.open("rb", buffering=0) as handle:
-        while handle.read(len(block)):
-            pass
-    seconds = time.perf_counter() - start
-    file.unlink()
-    return size / seconds
-
-
 def write_datasets(args, paths: dict[str, Path]) -> None:
-    """Write the same episodes to every format."""
+    """Write the same episodes to every format (in a child: this process never opens Lance)."""
+    make_episode = load_synth(args.bench_dir)
     writers = {name: open_writer(path, mode="overwrite") for name, path in paths.items()}
-    for index in range(args.steps // args.episode_len):
-        episode = make_episode(index, args.episode_len, args.resolution, args.pixels)
+    for index in range(args.episodes):
+        episode = make_episode(args.seed + index, length=args.length, res=args.resolution)
         for writer in writers.values():
             writer.write_episode(episode)
     for writer in writers.values():
@@ -104,30 +87,23 @@ def write_datasets(args, paths: dict[str, Path]) -> None:
 
 def fill_buffer(args) -> ReplayBuffer:
     """The same episodes in an in-RAM ReplayBuffer."""
-    buffer = ReplayBuffer(max_steps=args.steps, history_len=HISTORY_LEN, frameskip=FRAMESKIP)
-    for index in range(args.steps // args.episode_len):
-        buffer.add_episode(make_episode(index, args.episode_len, args.resolution, args.pixels))
+    make_episode = load_synth(args.bench_dir)
+    steps = args.episodes * args.length
+    buffer = ReplayBuffer(max_steps=steps, history_len=HISTORY_LEN, frameskip=FRAMESKIP)
+    for index in range(args.episodes):
+        buffer.add_episode(make_episode(args.seed + index, length=args.length, res=args.resolution))
     return buffer
 
 
-def rss_of(pid: int, field: str = "VmHWM") -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def stream(open_source, batches: int) -> dict:
-    """Time the first batch (from opening the source) and then ``batches`` more."""
+    """Time the first batch (from opening the source), then ``batches`` after the warm-up."""
     start = time.perf_counter()
     loader = make_loader(open_source(), batch_size=BATCH, num_workers=WORKERS, seed=0)
     iterator = iter(loader)
     first = next(iterator)
     first_seconds = time.perf_counter() - start
-    rss_after_first = rss_of(os.getpid(), "VmRSS")
+    for _ in range(WARMUP - 1):
+        next(iterator)
     start = time.perf_counter()
     for _ in range(batches):
         try:
@@ -136,29 +112,76 @@ def stream(open_source, batches: int) -> dict:
             iterator = iter(loader)
             next(iterator)
     seconds = time.perf_counter() - start
-    workers = [w.pid for w in getattr(iterator, "_workers", [])]
-    worker_peak = max((rss_of(pid) for pid in workers), default=0)
-    rss_at_end = rss_of(os.getpid(), "VmRSS")
     del iterator, loader
     return {
         "clips_per_s": batches * BATCH / seconds,
         "first_batch_s": first_seconds,
-        "rss_after_first": rss_after_first,
-        "rss_at_end": rss_at_end,
-        "worker_peak": worker_peak,
         "first": first,
     }
 
 
+def run_upstream(args, scratch: Path) -> list[dict]:
+    """Upstream's own benchmark on the same episodes, ``--repeats`` cold loads; [] if not asked."""
+    if args.upstream_python is None:
+        return []
+    result = scratch / "upstream.json"
+    command = [
+        str(args.upstream_python),
+        str(args.bench_dir / "upstream_loader_bench.py"),
+        *("--formats", "lance", "--caches", "cold", "--repeats", str(args.repeats)),
+        *("--episodes", str(args.episodes), "--length", str(args.length)),
+        *("--res", str(args.resolution), "--batch", str(BATCH), "--workers", str(WORKERS)),
+        *("--history-len", str(HISTORY_LEN), "--frameskip", str(FRAMESKIP)),
+        *("--batches", str(args.batches), "--warmup", str(WARMUP), "--seed", str(args.seed)),
+        *("--workdir", str(scratch / "upstream"), "--json", str(result)),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0 or not result.is_file():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        print(f"upstream benchmark failed (exit {done.returncode}): {' | '.join(tail)}")
+        return []
+    summary = json.loads(result.read_text())
+    entry = summary["load"]["lance"]["cold"]
+    loads = entry.get("runs", [entry])
+    failed = [r for r in loads if "clips_per_s" not in r]
+    if failed:
+        print(f"upstream load failed: {failed[0].get('stderr_tail', '')[-300:]}")
+    disk = summary["write"]["lance"]["disk_apparent_bytes"]
+    return [
+        {
+            "clips_per_s": r["clips_per_s"],
+            # upstream times load_dataset and the first batch apart; swm's row counts both
+            "first_batch_s": r["open_s"] + r["time_to_first_batch_s"],
+            "per_step": disk / (args.episodes * args.length),
+            "start_method": r["mp_start_method"],
+        }
+        for r in loads
+        if "clips_per_s" in r
+    ]
+
+
+def median_and_range(values: list[float], digits: str) -> str:
+    low, high = min(values), max(values)
+    middle = statistics.median(values)
+    if len(values) == 1:
+        return f"{middle:{digits}}"
+    return f"{middle:{digits}} ({low:{digits}}-{high:{digits}})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4000, help="rows in the dataset")
-    parser.add_argument("--episode-len", type=int, default=100)
+    parser.add_argument("--episodes", type=int, default=40)
+    parser.add_argument("--length", type=int, default=100, help="steps per episode")
     parser.add_argument("--resolution", type=int, default=224)
     parser.add_argument("--batches", type=int, default=40, help="batches timed per row")
-    parser.add_argument("--pixels", choices=["tworoom", "noise"], default="tworoom")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds over every row")
+    parser.add_argument("--seed", type=int, default=0, help="episode i uses seed + i")
+    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
+    parser.add_argument("--upstream-python", type=Path, default=None, help="upstream venv's python")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
     args = parser.parse_args()
+    if not (args.bench_dir / "synth.py").is_file():
+        parser.error(f"no synth.py in {args.bench_dir}: pass --bench-dir (../shared/bench)")
 
     scratch = Path(tempfile.mkdtemp(prefix="swm-loader-", dir=args.dir))
     try:
@@ -168,11 +191,11 @@ def main() -> None:
 
 
 def run(args, scratch: Path) -> None:
-    episodes = args.steps // args.episode_len
     print(
-        f"{episodes} episodes x {args.episode_len} steps, {args.resolution}x{args.resolution} "
-        f"{args.pixels} frames; history {HISTORY_LEN}, frameskip {FRAMESKIP}, batch {BATCH}, "
-        f"{WORKERS} workers; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+        f"{args.episodes} synth episodes x {args.length} steps,"
+        f" {args.resolution}x{args.resolution};"
+        f" history {HISTORY_LEN}, frameskip {FRAMESKIP}, batch {BATCH}, {WORKERS} workers;"
+        f" {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     paths = {"lance": scratch / "data.lance", "hdf5": scratch / "data.h5"}
     # Written by another process, as `swm collect` does: this one has not opened Lance, so the
@@ -180,40 +203,31 @@ def run(args, scratch: Path) -> None:
     writer = multiprocessing.get_context("fork").Process(target=write_datasets, args=(args, paths))
     writer.start()
     writer.join()
+    steps = args.episodes * args.length
+    upstream = run_upstream(args, scratch)
+    buffer = fill_buffer(args)
+    rows = {"lance": [], "hdf5": [], "buffer": []}
+    firsts = {}
+    for _ in range(args.repeats):
+        for name in rows:
+            if name == "buffer":
 
-    bandwidth = sequential_read_bandwidth(scratch)
-    print(f"disk sequential read (cold, 512 MiB): {format_bytes(bandwidth)}/s")
-    header = (
-        f"{'source':<8} {'clips/s':>8} {'x560':>5} {'first batch':>11} {'on disk/step':>12} "
-        f"{'disk read':>11} {'RSS 1st':>9} {'RSS end':>9} {'worker peak':>11}"
-    )
-    print(header)
-    rows, firsts = {}, {}
-    for name in ("lance", "hdf5", "buffer"):
-        if name == "buffer":
-            buffer = fill_buffer(args)
-            per_step = 0
+                def open_source():
+                    return buffer
+            else:
+                drop_from_page_cache(paths[name])
 
-            def open_source(buffer=buffer):
-                return buffer
-        else:
-            drop_from_page_cache(paths[name])
-            per_step = nbytes_under(paths[name]) / args.steps
+                def open_source(path=paths[name]):
+                    return load_dataset(path, history_len=HISTORY_LEN, frameskip=FRAMESKIP)
 
-            def open_source(path=paths[name]):
-                return load_dataset(path, history_len=HISTORY_LEN, frameskip=FRAMESKIP)
-
-        row = stream(open_source, args.batches)
-        rows[name], firsts[name] = row, row.pop("first")
-        read_rate = row["clips_per_s"] * HISTORY_LEN * per_step
-        ratio = row["clips_per_s"] / UPSTREAM_CLIPS_PER_S
-        print(
-            f"{name:<8} {row['clips_per_s']:>8.0f} {ratio:>5.1f}"
-            f" {row['first_batch_s']:>10.2f}s {format_bytes(per_step):>12}"
-            f" {format_bytes(read_rate) + '/s' if per_step else '-':>11}"
-            f" {format_bytes(row['rss_after_first']):>9} {format_bytes(row['rss_at_end']):>9}"
-            f" {format_bytes(row['worker_peak']) if row['worker_peak'] else '-':>11}"
-        )
+            row = stream(open_source, args.batches)
+            firsts[name] = row.pop("first")
+            rows[name].append(row)
+    per_step = {name: nbytes_under(path) / steps for name, path in paths.items()}
+    if upstream:
+        rows["upstream lance"] = upstream
+        per_step["upstream lance"] = upstream[0]["per_step"]
+    print_table(rows, per_step)
     same = all(
         np.array_equal(firsts["lance"][k].numpy(), firsts[other][k].numpy(), equal_nan=True)
         for other in ("hdf5", "buffer")
@@ -221,7 +235,56 @@ def run(args, scratch: Path) -> None:
     )
     print(f"lossless: first batches identical across lance, hdf5 and buffer: {same}")
     print(f"peak RSS of this process: {format_bytes(peak_rss_bytes())}")
+    for name, path in paths.items():
+        where_time_goes(name, path, args.seed)
     convert_memory(paths["lance"], scratch / "converted.h5", args)
+
+
+def print_table(rows: dict[str, list[dict]], per_step: dict[str, float]) -> None:
+    """One line per source: median (range) clips/s, ratios, first batch, bytes on disk."""
+    median = {
+        name: statistics.median(r["clips_per_s"] for r in runs) for name, runs in rows.items()
+    }
+    base = median.get("upstream lance")
+    print(
+        f"{'source':<15} {'clips/s median (range)':>24} {'x upstream':>10} {'x lance':>8}"
+        f" {'first batch':>18} {'on disk/step':>12}"
+    )
+    for name, runs in rows.items():
+        clips = median_and_range([r["clips_per_s"] for r in runs], ".0f")
+        first = median_and_range([r["first_batch_s"] for r in runs], ".2f")
+        versus = f"{median[name] / base:.2f}" if base else "-"
+        stored = format_bytes(per_step[name]) if name in per_step else "in RAM"
+        print(
+            f"{name:<15} {clips:>24} {versus:>10} {median[name] / median['lance']:>8.2f}"
+            f" {first + ' s':>18} {stored:>12}"
+        )
+
+
+def where_time_goes(name: str, path: Path, seed: int) -> None:
+    """A batch's rows read by key in this process (one Python thread), after a warm-up batch:
+    where a worker spends its time, without the DataLoader's IPC."""
+    reader = open_reader(path)
+    rng = np.random.default_rng(seed)
+    span = HISTORY_LEN * FRAMESKIP
+    batches = [rng.integers(0, reader.num_steps - span, BATCH) for _ in range(6)]
+    parts = []
+    for key in reader.keys:
+        rows = [
+            action_rows(b, HISTORY_LEN, FRAMESKIP)
+            if key == "action"
+            else observation_rows(b, HISTORY_LEN, FRAMESKIP)
+            for b in batches
+        ]
+        reader.read_rows(key, rows[0].reshape(-1))
+        start, cpu = time.perf_counter(), time.process_time()
+        for batch_rows in rows[1:]:
+            reader.read_rows(key, batch_rows.reshape(-1))
+        count = len(rows) - 1
+        wall = (time.perf_counter() - start) / count * 1e3
+        parts.append(f"{key} {wall:.1f} ms ({(time.process_time() - cpu) / count * 1e3:.1f} CPU)")
+    reader.close()
+    print(f"{name}, one batch read in-process by key: " + ", ".join(parts))
 
 
 CONVERT = """
@@ -242,21 +305,20 @@ print(samples[len(samples) // 4], peak_rss_bytes(), seconds)
 
 
 def convert_memory(src: Path, dst: Path, args) -> None:
-    """Peak RSS of ``convert`` in a fresh process: flat (a quarter of the way = the end) when it
-    streams."""
-    root = str(Path(__file__).resolve().parents[1])
+    """Peak RSS of converting Lance to HDF5 in a fresh process: flat (a quarter of the way = the
+    end) when it streams."""
     done = subprocess.run(
         [sys.executable, "-c", CONVERT, str(src), str(dst)],
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "PYTHONPATH": root},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     quarter, peak, seconds = (float(x) for x in done.stdout.split())
-    step_bytes = args.resolution * args.resolution * 3
+    steps = args.episodes * args.length
+    raw = steps * args.resolution * args.resolution * 3
     print(
-        f"convert lance -> hdf5 ({args.steps} steps, {format_bytes(args.steps * step_bytes)} raw,"
-        f" episodes of {format_bytes(args.episode_len * step_bytes)}): {seconds:.1f} s;"
+        f"convert lance -> hdf5 ({steps} steps, {format_bytes(raw)} of frames): {seconds:.1f} s;"
         f" peak RSS {format_bytes(quarter)} a quarter of the way, {format_bytes(peak)} at the end"
     )
 
