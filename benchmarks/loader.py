@@ -8,8 +8,8 @@ The episodes are ``make_episode(seed)`` from ``../shared/bench/synth.py`` (40 x 
 224x224 frames that compress like a simple rendered scene); every row reads clips of history 4,
 frameskip 2, batch 64, with 2 DataLoader workers (the buffer is read in-process, as
 ``make_loader`` does for it). Each row prints clips/s after two warm-up batches, the time to the
-first batch from opening the dataset (workers' start included), bytes on disk per step and peak
-RSS. The dataset files are dropped from the page cache before every streamed row (cold).
+first batch from opening the dataset (workers' start included), bytes on disk per step. The
+dataset files are dropped from the page cache before every streamed row (cold).
 
 The upstream row runs ``../shared/bench/upstream_loader_bench.py`` (it writes the same episodes
 with upstream's own writer and times ``load_dataset`` + DataLoader with the same settings) with

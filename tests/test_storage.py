@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from swmcli.core.storage import FORMATS, detect, open_reader, open_writer
+from swmcli.core.storage import FORMATS, detect, hdf5, open_reader, open_writer
 from swmcli.errors import DatasetError
 
 SUFFIX = {"lance": ".lance", "hdf5": ".h5", "folder": ""}
@@ -173,22 +173,78 @@ def test_hdf5_is_plain_h5py_with_episode_offsets(tmp_path):
         assert file["episode_offsets"][:].tolist() == [0, 3]
         assert file["episode_idx"][:].tolist() == [0] * 3 + [1] * 5
         assert file["pixels"].chunks == (1, 32, 32, 3)
-        assert file["pixels"].compression == "gzip"
+        # Frames under HDF5's registered LZ4 filter (hdf5plugin reads it); the rest is gzip.
+        assert hdf5._filter_ids(file["pixels"]) == (hdf5.H5Z_LZ4,)
+        assert file["action"].compression == "gzip"
 
 
 def test_hdf5_opens_in_the_standard_tools(tmp_path):
-    # The HDF5 command-line tools read it too (HDF5 1.10 on Debian 12), gzip chunks included.
-    # .ci/run installs them (Debian's hdf5-tools); elsewhere this is a visible skip.
+    # The HDF5 command-line tools read it too (HDF5 1.10 on Debian 12), LZ4 frames through the
+    # HDF Group's filter plugin. .ci/run installs both (Debian's hdf5-tools and
+    # hdf5-filter-plugin); elsewhere this is a visible skip.
     if not (shutil.which("h5ls") and shutil.which("h5dump")):
-        pytest.skip("h5ls/h5dump not installed (apt-get install hdf5-tools)")
+        pytest.skip("h5ls/h5dump not installed (apt-get install hdf5-tools hdf5-filter-plugin)")
     path = tmp_path / "d.h5"
-    write(path, [make_episode(seed, n) for seed, n in enumerate((3, 5))])
+    write(path, [smooth_episode(0, 3), make_episode(1, 5)])  # compressed and stored-raw frames
     listing = subprocess.run(["h5ls", "-r", str(path)], capture_output=True, text=True)
     assert "ERROR" not in listing.stdout and "/pixels" in listing.stdout
-    command = ["h5dump", "-d", "/pixels", "-c", "1,1,1,3", str(path)]
-    dump = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    first = make_episode(0, 3)["pixels"][0, 0, 0]
-    assert ", ".join(map(str, first)) in dump
+    for row, episode in ((0, smooth_episode(0, 3)), (3, make_episode(1, 5))):
+        command = ["h5dump", "-d", "/pixels", "-s", f"{row},0,6,0", "-c", "1,1,1,3", str(path)]
+        dump = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        assert ", ".join(map(str, episode["pixels"][0, 0, 6])) in dump
+
+
+def smooth_episode(seed: int, length: int) -> dict[str, np.ndarray]:
+    """Compressible frames (a gradient and a moving square), so LZ4 blocks are compressed."""
+    episode = make_episode(seed, length)
+    frames = np.broadcast_to(
+        np.arange(32, dtype=np.uint8)[None, :, None, None] * 7, (length, 32, 32, 3)
+    )
+    episode["pixels"] = frames.copy()
+    for t in range(length):
+        episode["pixels"][t, t : t + 4, 5:9] = 255
+    return episode
+
+
+def test_hdf5_lz4_frames_read_back_with_and_without_swm(tmp_path):
+    path = tmp_path / "d.h5"
+    episodes = [smooth_episode(0, 6), make_episode(1, 4)]  # compressed and stored-raw blocks
+    write(path, episodes)
+    reader = open_reader(path)
+    for index, episode in enumerate(episodes):
+        assert_same_episode(reader.read_episode(index), episode)
+    reader.close()
+    with h5py.File(path, "r") as file:
+        chunk = file["pixels"].id.read_direct_chunk((0, 0, 0, 0))[1]
+        assert len(chunk) < 32 * 32 * 3 // 4  # the smooth frame really is compressed
+    hdf5plugin = pytest.importorskip("hdf5plugin")  # what other readers use for filter 32004
+    assert hdf5plugin.LZ4  # registers the filter with h5py
+    with h5py.File(path, "r") as file:
+        want = np.concatenate([e["pixels"] for e in episodes])
+        assert np.array_equal(file["pixels"][:], want)
+
+
+def test_hdf5_gzip_frames_of_older_files_read_and_append(tmp_path):
+    path = tmp_path / "d.h5"
+    episodes = [smooth_episode(0, 5), smooth_episode(1, 3)]
+    write(path, episodes[:1])
+    with h5py.File(path, "r+") as file:  # the layout swm wrote before LZ4: gzip frames
+        del file["pixels"]
+        file.create_dataset(
+            "pixels",
+            data=episodes[0]["pixels"],
+            maxshape=(None, 32, 32, 3),
+            chunks=(1, 32, 32, 3),
+            compression="gzip",
+            compression_opts=1,
+        )
+    write(path, episodes[1:])
+    with h5py.File(path, "r") as file:
+        assert file["pixels"].compression == "gzip"  # appending kept the file's codec
+    reader = open_reader(path)
+    for index, episode in enumerate(episodes):
+        assert_same_episode(reader.read_episode(index), episode)
+    reader.close()
 
 
 def test_missing_path_and_other_formats_are_clear_errors(tmp_path):

@@ -1,8 +1,11 @@
 """HDF5 datasets: flat per-key datasets plus episode offsets, readable by h5py, h5ls and h5dump.
 
 Every key is one dataset of shape ``(rows, ...)``; ``episode_offsets`` and ``episode_lengths`` hold
-the episode index. Images are chunked one frame per chunk (a random read decompresses only the
-frame it needs) with gzip level 1 (lzf would be faster but h5dump cannot read it).
+the episode index. Images are chunked one frame per chunk (a random read decodes only the frame it
+needs) with LZ4, HDF5's registered filter 32004: it decodes ~10x faster than gzip (inflating was
+~85% of a batch's read) at about the same size. h5py reads it after ``import hdf5plugin``, and
+h5dump with ``HDF5_PLUGIN_PATH`` set to that plugin's folder; swm itself needs no plugin (it writes
+and reads the chunks directly). Other keys, and images in files written before, use gzip level 1.
 
 Episode-atomic writes use HDF5's single-writer/multiple-reader mode (SWMR): metadata reaches the
 file in an order that keeps it readable at every instant. An episode's rows are written and
@@ -13,6 +16,7 @@ appending clears it (what ``h5clear -s`` does) once no process holds the file.
 
 import fcntl
 import json
+import struct
 import zlib
 from pathlib import Path
 
@@ -31,12 +35,14 @@ from swmcli.core.storage import (
 )
 from swmcli.errors import DatasetError, first_line
 
-PIXEL_ENCODING = "raw uint8, gzip level 1, one frame per chunk"
+PIXEL_ENCODING = "raw uint8, LZ4 (HDF5 filter 32004), one frame per chunk"
 # The HDF5 1.10 file format: the oldest with SWMR, and what h5dump/h5ls 1.10 (Debian 12) read.
 _LIBVER = ("v110", "v110")
 _CHUNK_CACHE_BYTES = 64 * 2**20
 _CHUNK_CACHE_SLOTS = 100_003  # a prime well above the chunks that fit the cache
 _SMALL_CHUNK_ROWS = 4096
+H5Z_DEFLATE = 1  # HDF5's filter ids: gzip, built into every HDF5
+H5Z_LZ4 = 32004  # LZ4, registered with the HDF Group (read with `hdf5plugin` or its plugin)
 _DAMAGED_HINT = "the file is damaged or truncated: restore it or collect again"
 
 
@@ -135,7 +141,13 @@ class Hdf5Reader:
         keys = check_keys(self.keys, keys, self.path)
         start = int(self.episode_offsets[index])
         stop = start + int(self.episode_lengths[index])
-        return {k: self._guard(lambda k=k: self._file[k][start:stop]) for k in keys}
+        episode = {}
+        for key in keys:
+            if is_image(self.keys[key][1]):  # frame by frame: LZ4 needs no HDF5 plugin here
+                episode[key] = self.read_rows(key, np.arange(start, stop))
+            else:
+                episode[key] = self._guard(lambda key=key: self._file[key][start:stop])
+        return episode
 
     def close(self) -> None:
         self._file.close()
@@ -154,35 +166,67 @@ def _read_by_chunk(dataset, rows: np.ndarray, out: np.ndarray) -> None:
 
 
 def _read_each(dataset, rows: np.ndarray, out: np.ndarray) -> None:
-    """Read frame by frame into ``out``. With one frame per chunk and gzip as the only filter
-    (what swm writes), each frame is one raw chunk read and one ``zlib`` inflate: h5py's
-    selection machinery would cost more than the inflate itself."""
+    """Read frame by frame into ``out``. With one frame per chunk and one codec swm knows (LZ4
+    or gzip), each frame is one raw chunk read and one decode: h5py's selection machinery would
+    cost more than the decode itself, and LZ4 needs no HDF5 plugin this way."""
     frame_shape = dataset.shape[1:]
-    one_frame_chunks = dataset.chunks == (1, *frame_shape)
-    gzip_only = [f[0] for f in _filters(dataset)] == [h5z_deflate()]
-    if not (one_frame_chunks and gzip_only):
+    decode = _CHUNK_DECODERS.get(_filter_ids(dataset))
+    if dataset.chunks != (1, *frame_shape) or decode is None:
         for position, row in enumerate(rows):
             dataset.read_direct(out, np.s_[int(row)], np.s_[position])
         return
     origin = (0,) * len(frame_shape)
     flat = out.reshape(len(rows), -1).view(np.uint8)
-    for position, row in enumerate(rows.tolist()):
-        mask, data = dataset.id.read_direct_chunk((row, *origin))
+    # Rows in file order: a cold read walks the file forwards instead of seeking at random.
+    for position in np.argsort(rows, kind="stable").tolist():
+        mask, data = dataset.id.read_direct_chunk((int(rows[position]), *origin))
         # A set mask bit means the filter was skipped for this chunk: the bytes are raw.
-        frame = data if mask & 1 else zlib.decompress(data)
-        flat[position] = np.frombuffer(frame, np.uint8)
+        flat[position] = np.frombuffer(data if mask & 1 else decode(data), np.uint8)
 
 
-def h5z_deflate() -> int:
-    """HDF5's id of the gzip (deflate) filter."""
-    import h5py
+def _lz4_encode(frame: np.ndarray) -> bytes:
+    """One chunk in the framing of HDF5's registered LZ4 filter (32004, what ``hdf5plugin``
+    and the HDF Group's plugin read): original size (u64, big-endian), block size (u32), then
+    one block: its compressed size (u32) and the raw LZ4 block."""
+    import pyarrow as pa
 
-    return h5py.h5z.FILTER_DEFLATE
+    data = np.ascontiguousarray(frame).reshape(-1).view(np.uint8)
+    block = pa.Codec("lz4_raw").compress(data, asbytes=True)
+    if len(block) >= data.nbytes:  # incompressible: the filter stores the block as is
+        block = data.tobytes()
+    size = data.nbytes
+    return struct.pack(">QII", size, size, len(block)) + block
 
 
-def _filters(dataset) -> list[tuple]:
+def _lz4_decode(chunk: bytes):
+    """Inverse of ``_lz4_encode`` for any block size (chunks written by other LZ4 writers)."""
+    import pyarrow as pa
+
+    size, block_size = struct.unpack_from(">QI", chunk)
+    codec = pa.Codec("lz4_raw")
+    position, parts, done = 12, [], 0
+    while done < size:
+        expected = min(block_size, size - done)
+        (stored,) = struct.unpack_from(">I", chunk, position)
+        block = memoryview(chunk)[position + 4 : position + 4 + stored]
+        parts.append(block if stored == expected else codec.decompress(block, expected))
+        position, done = position + 4 + stored, done + expected
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+_CHUNK_DECODERS = {(H5Z_DEFLATE,): zlib.decompress, (H5Z_LZ4,): _lz4_decode}
+
+
+def _write_lz4(dataset, start: int, frames: np.ndarray) -> None:
+    """Write ``frames`` from row ``start`` as LZ4 chunks, one per frame."""
+    origin = (0,) * (dataset.ndim - 1)
+    for offset, frame in enumerate(frames):
+        dataset.id.write_direct_chunk((start + offset, *origin), _lz4_encode(frame))
+
+
+def _filter_ids(dataset) -> tuple[int, ...]:
     plist = dataset.id.get_create_plist()
-    return [plist.get_filter(i) for i in range(plist.get_nfilters())]
+    return tuple(plist.get_filter(i)[0] for i in range(plist.get_nfilters()))
 
 
 def _committed_lengths(file, keys, where: Path) -> np.ndarray:
@@ -242,15 +286,17 @@ class Hdf5Writer:
         file.attrs["swm"] = json.dumps(meta)
         columns = {"episode_idx": (np.dtype(np.int64), ()), "step_idx": (np.dtype(np.int32), ())}
         for name, (dtype, shape) in {**columns, **self.schema}.items():
-            chunk_rows = 1 if is_image(shape) else _SMALL_CHUNK_ROWS
+            # Frames: LZ4, one per chunk (written here, so no HDF5 plugin is needed to write).
+            codec = {"compression": H5Z_LZ4, "allow_unknown_filter": True}
+            if not is_image(shape):
+                codec = {"compression": "gzip", "compression_opts": 1}
             file.create_dataset(
                 name,
                 shape=(0, *shape),
                 maxshape=(None, *shape),
                 dtype=dtype,
-                chunks=(chunk_rows, *shape),
-                compression="gzip",
-                compression_opts=1,
+                chunks=(1 if is_image(shape) else _SMALL_CHUNK_ROWS, *shape),
+                **codec,
             )
         for name in ("episode_offsets", "episode_lengths"):
             file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(1024,))
@@ -274,7 +320,10 @@ class Hdf5Writer:
         for name, array in values.items():
             dataset = self._file[name]
             dataset.resize(stop, axis=0)
-            dataset[start:stop] = array
+            if _filter_ids(dataset) == (H5Z_LZ4,):
+                _write_lz4(dataset, start, array)
+            else:
+                dataset[start:stop] = array
         self._file.flush()
         for name, value in (("episode_offsets", start), ("episode_lengths", length)):
             dataset = self._file[name]
