@@ -91,6 +91,10 @@ class Hdf5Reader:
     format = "hdf5"
 
     def __init__(self, path: Path):
+        # LZ4 frames decode with pyarrow: import it with the file, not on the first batch, so
+        # forked DataLoader workers inherit it (importing it there doubled the first batch's time).
+        import pyarrow  # noqa: F401
+
         self.path = Path(path)
         _check_length(self.path)
         self._file = _open(self.path, "r", swmr=True)
