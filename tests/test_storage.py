@@ -206,7 +206,7 @@ def smooth_episode(seed: int, length: int) -> dict[str, np.ndarray]:
     return episode
 
 
-def test_hdf5_lz4_frames_read_back_with_and_without_swm(tmp_path):
+def test_hdf5_lz4_frames_round_trip(tmp_path):
     path = tmp_path / "d.h5"
     episodes = [smooth_episode(0, 6), make_episode(1, 4)]  # compressed and stored-raw blocks
     write(path, episodes)
@@ -217,11 +217,6 @@ def test_hdf5_lz4_frames_read_back_with_and_without_swm(tmp_path):
     with h5py.File(path, "r") as file:
         chunk = file["pixels"].id.read_direct_chunk((0, 0, 0, 0))[1]
         assert len(chunk) < 32 * 32 * 3 // 4  # the smooth frame really is compressed
-    hdf5plugin = pytest.importorskip("hdf5plugin")  # what other readers use for filter 32004
-    assert hdf5plugin.LZ4  # registers the filter with h5py
-    with h5py.File(path, "r") as file:
-        want = np.concatenate([e["pixels"] for e in episodes])
-        assert np.array_equal(file["pixels"][:], want)
 
 
 def test_hdf5_gzip_frames_of_older_files_read_and_append(tmp_path):
