@@ -321,6 +321,32 @@ def test_sample_into_given_arrays_matches_a_fresh_sample():
         first.sample(7, out=out)
 
 
+def test_a_held_batch_is_never_written_over_and_a_dropped_one_is_reused():
+    import torch
+
+    buf = ReplayBuffer(100, history_len=2, frameskip=3, seed=5)
+    twin = ReplayBuffer(100, history_len=2, frameskip=3, seed=5)
+    for b in (buf, twin):
+        b.add_episode(make_episode(0, 30))
+        b.add_episode(make_episode(1, 30))
+    held = {k: torch.from_numpy(v) for k, v in buf.sample(6).items()}  # as the loader holds it
+    kept = twin.sample(6)
+    dropped = buf.sample(6)
+    address = dropped["pixels"].ctypes.data
+    twin.sample(6)
+    del dropped
+    reused = buf.sample(6)
+    assert reused["pixels"].ctypes.data == address  # no fresh pages to fault in
+    for key, value in twin.sample(6).items():
+        np.testing.assert_array_equal(reused[key], value)
+    for _ in range(3):  # more batches than spares: the held one stays intact throughout
+        again, fresh = buf.sample(6), twin.sample(6)
+        for key in fresh:
+            np.testing.assert_array_equal(again[key], fresh[key])
+    for key in kept:
+        np.testing.assert_array_equal(held[key].numpy(), kept[key])
+
+
 def test_a_buffer_is_a_writer_and_a_map_style_dataset():
     import torch
     from torch.utils.data import DataLoader
