@@ -36,7 +36,14 @@ from swmcli.core.clips import (
     fold_actions,
     observation_rows,
 )
-from swmcli.core.storage import check_keys, detect, offsets_from_lengths, open_reader
+from swmcli.core.memory import available_host_bytes
+from swmcli.core.storage import (
+    check_keys,
+    detect,
+    offsets_from_lengths,
+    open_reader,
+    read_ahead,
+)
 from swmcli.errors import OutOfRangeError, SwmError, UsageError
 
 
@@ -91,6 +98,8 @@ class ClipDataset(Dataset):
             reader = open_reader(self.path)
             if self.format == "folder":  # it maps rows to files through the index: no rescan
                 reader.set_episode_lengths(self.episode_lengths)
+            else:  # a dataset well inside the free RAM: its first epoch reads from the cache
+                read_ahead(self.path, available_host_bytes() // 8)
             self._reader, self._reader_pid = reader, os.getpid()
         return self._reader
 

@@ -12,6 +12,7 @@ read back equals the one written. Writes are episode-atomic in every format.
 """
 
 import json
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -257,6 +258,23 @@ def nbytes_under(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def read_ahead(path: Path, limit: int) -> bool:
+    """Ask the kernel to load a dataset's files into the page cache in the background when they add
+    up to at most ``limit`` bytes: one sequential pass instead of a first epoch of random reads
+    (an HDF5 worker reads one chunk at a time, and cold chunks made its batches ~2x slower).
+    Returns whether it asked."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    if sum(file.stat().st_size for file in files) > limit:
+        return False
+    for file in files:
+        descriptor = os.open(file, os.O_RDONLY)
+        try:
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(descriptor)
+    return True
 
 
 def take_rows(values: np.ndarray, index: np.ndarray | None, out: np.ndarray | None):
