@@ -303,12 +303,17 @@ def test_ram_is_the_rings_and_is_given_back_on_release():
     assert current_rss_bytes() - rss_before <= 0.01 * expected
 
 
-def test_sample_into_given_arrays_matches_a_fresh_sample():
-    first = ReplayBuffer(100, history_len=2, frameskip=3, seed=5)
-    second = ReplayBuffer(100, history_len=2, frameskip=3, seed=5)
-    for buf in (first, second):
+def twin_buffers() -> tuple[ReplayBuffer, ReplayBuffer]:
+    """Two buffers with the same episodes and seed: they sample the same clips."""
+    twins = ReplayBuffer(100, 2, 3, seed=5), ReplayBuffer(100, 2, 3, seed=5)
+    for buf in twins:
         buf.add_episode(make_episode(0, 30))
         buf.add_episode(make_episode(1, 30))
+    return twins
+
+
+def test_sample_into_given_arrays_matches_a_fresh_sample():
+    first, second = twin_buffers()
     out = first.sample(6)
     pixels = out["pixels"]
     again = first.sample(6, out=out)
@@ -324,11 +329,7 @@ def test_sample_into_given_arrays_matches_a_fresh_sample():
 def test_a_held_batch_is_never_written_over_and_a_dropped_one_is_reused():
     import torch
 
-    buf = ReplayBuffer(100, history_len=2, frameskip=3, seed=5)
-    twin = ReplayBuffer(100, history_len=2, frameskip=3, seed=5)
-    for b in (buf, twin):
-        b.add_episode(make_episode(0, 30))
-        b.add_episode(make_episode(1, 30))
+    buf, twin = twin_buffers()
     held = {k: torch.from_numpy(v) for k, v in buf.sample(6).items()}  # as the loader holds it
     kept = twin.sample(6)
     dropped = buf.sample(6)
