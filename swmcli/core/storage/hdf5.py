@@ -4,8 +4,9 @@ Every key is one dataset of shape ``(rows, ...)``; ``episode_offsets`` and ``epi
 the episode index. Images are chunked one frame per chunk (a random read decodes only the frame it
 needs) with LZ4, HDF5's registered filter 32004: it decodes ~10x faster than gzip (inflating was
 ~85% of a batch's read) at about the same size. h5py reads it after ``import hdf5plugin``, and
-h5dump with ``HDF5_PLUGIN_PATH`` set to that plugin's folder; swm itself needs no plugin (it writes
-and reads the chunks directly). Other keys, and images in files written before, use gzip level 1.
+h5dump once Debian's ``hdf5-filter-plugin`` (or any LZ4 plugin on ``HDF5_PLUGIN_PATH``) is there;
+swm itself needs no plugin (it writes and reads the chunks directly). Other keys, and images in
+files written before, use gzip level 1.
 
 Episode-atomic writes use HDF5's single-writer/multiple-reader mode (SWMR): metadata reaches the
 file in an order that keeps it readable at every instant. An episode's rows are written and
