@@ -98,7 +98,19 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "warmup_steps": "online.warmup_steps",
         "record": "online.record",
     },
-    "eval": {"episodes": "eval.episodes", "planner": "eval.planner", "bf16": "runtime.bf16"},
+    "eval": {
+        "protocol": "eval.protocol",
+        "episodes": "eval.episodes",
+        "goal_offset": "eval.goal_offset",
+        "budget": "eval.max_steps",
+        "planner": "eval.planner",
+        "horizon": "eval.horizon",
+        "samples": "eval.samples",
+        "iterations": "eval.iterations",
+        "elites": "eval.elites",
+        "bf16": "runtime.bf16",
+        "compile": "runtime.compile",
+    },
     "memprofile": {
         "resolution": "env.resolution",
         "batch_size": "train.batch_size",
@@ -259,9 +271,7 @@ def _root(
     ),
 )
 def collect(
-    env: Annotated[
-        str | None, typer.Option(help="gymnasium env id")
-    ] = None,
+    env: Annotated[str | None, typer.Option(help="gymnasium env id")] = None,
     episodes: Annotated[
         int | None, typer.Option(help="finished episodes to collect; default: fill --max-steps")
     ] = None,
@@ -447,26 +457,60 @@ def train(
     name="eval",
     epilog=_examples(
         "swm eval runs/tiny",
-        "swm eval runs/tworoom-64 --episodes 50 --planner mppi",
+        "swm eval runs/tworoom-64 --protocol dataset --goal-offset 25 --budget 50 --episodes 50",
+        "swm eval runs/tworoom-64 --protocol random-goal --samples 300 --iterations 10",
+        "swm eval runs/tworoom-64 --set eval.noise_beta=2 --set eval.cost=trajectory --json",
         "swm eval runs/gpu24-224-bf16 --bf16 --compile --json",
     ),
 )
 def eval_(
     run_dir: Annotated[Path, typer.Argument(help="a run directory written by swm train")],
-    episodes: Annotated[int | None, typer.Option(help="seeded planning episodes")] = None,
+    protocol: Annotated[
+        str | None,
+        typer.Option(
+            help="random-goal (a fresh random start and goal) or dataset (start state and goal "
+            "image from held-out episodes, goal_offset env steps apart)"
+        ),
+    ] = None,
+    episodes: Annotated[int | None, typer.Option(help="planning episodes (seeded)")] = None,
+    goal_offset: Annotated[
+        int | None,
+        typer.Option(help="dataset protocol: env steps from the start state to the goal"),
+    ] = None,
+    budget: Annotated[
+        int | None,
+        typer.Option(
+            "--budget",
+            "--max-steps",
+            help="env steps per planning episode (the budget); default: twice goal_offset "
+            "for the dataset protocol, env.max_episode_steps for random goals",
+        ),
+    ] = None,
     planner: Annotated[str | None, typer.Option(help="latent-space planner: cem or mppi")] = None,
+    horizon: Annotated[int | None, typer.Option(help="planned action blocks")] = None,
+    samples: Annotated[
+        int | None, typer.Option(help="action sequences per planner iteration")
+    ] = None,
+    iterations: Annotated[
+        int | None, typer.Option(help="planner iterations per replanning")
+    ] = None,
+    elites: Annotated[int | None, typer.Option(help="best sequences CEM refits to")] = None,
     bf16: Bf16 = None,
     compile: Compile = None,
+    set_: Sets = None,
     as_json: Json = False,
 ) -> None:
-    """Evaluate a run: open-loop prediction error and goal-reaching success with a planner."""
+    """Evaluate a run: open-loop prediction error and goal-reaching success with a planner.
+
+    Planner settings not given keep the run's eval settings (config.json); --set eval.KEY=VALUE
+    changes any other (cost, noise_beta, keep_elites, replan_every, seed, heldout_episodes).
+    """
+    flags = _flags("eval", locals())
 
     def job(_cfg, monitor):
         from swmcli.evaluate import run_eval
 
-        return run_eval(
-            run_dir, monitor, episodes=episodes, planner=planner, bf16=bf16, compile=compile
-        )
+        return run_eval(run_dir, monitor, flags=flags, sets=set_)
 
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={}, track_tensors=True)
 

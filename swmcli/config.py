@@ -163,13 +163,33 @@ class OnlineConfig(Section):
 class EvalConfig(Section):
     """`swm eval`: open-loop prediction error and goal reaching with a planner."""
 
-    episodes: PositiveInt = Field(10, description="seeded planning episodes")
+    protocol: Literal["random-goal", "dataset"] = Field(
+        "random-goal",
+        description="random-goal (a fresh random start and goal) or dataset (start state and "
+        "goal image from held-out episodes, goal_offset env steps apart)",
+    )
+    episodes: PositiveInt = Field(10, description="planning episodes (seeded)")
+    goal_offset: PositiveInt = Field(
+        25, description="dataset protocol: env steps from the start state to the goal"
+    )
     planner: Literal["cem", "mppi"] = Field("cem", description="latent-space planner: cem or mppi")
     horizon: PositiveInt = Field(5, description="planned action blocks")
     samples: PositiveInt = Field(128, description="action sequences per planner iteration")
-    iterations: PositiveInt = Field(4, description="planner iterations per env step")
+    iterations: PositiveInt = Field(4, description="planner iterations per replanning")
     elites: PositiveInt = Field(16, description="best sequences CEM refits to")
-    max_steps: PositiveInt = Field(60, description="env steps per planning episode")
+    keep_elites: int = Field(0, ge=0, description="elites carried to the next iteration (iCEM)")
+    noise_beta: float = Field(
+        0.0, ge=0, description="colored sampling noise, 1/f^beta along time (0 white, iCEM 2)"
+    )
+    cost: Literal["terminal", "trajectory"] = Field(
+        "terminal", description="latent distance to the goal at the last or every planned block"
+    )
+    replan_every: PositiveInt = Field(1, description="planned blocks executed before replanning")
+    max_steps: PositiveInt | None = Field(
+        None,
+        description="env steps per planning episode (the budget); default: twice goal_offset "
+        "for the dataset protocol, env.max_episode_steps for random goals",
+    )
     heldout_episodes: PositiveInt = Field(4, description="episodes kept out for prediction error")
     seed: int = Field(1000, description="seed of the planning episodes")
 
@@ -256,6 +276,15 @@ def _put(tree: dict[str, Any], dotted: str, value: Any) -> None:
     tree[leaf] = value
 
 
+def _apply_sets(tree: dict[str, Any], sets: list[str] | None) -> None:
+    """Put each ``--set section.key=value`` item into ``tree``."""
+    for item in sets or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {item!r} is not key=value", hint="e.g. --set train.lr=1e-3")
+        _put(tree, key.strip(), _parse_value(value.strip()))
+
+
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in top.items():
@@ -316,11 +345,7 @@ def resolve_config(
         tree = _merge(tree, _read_config_file(path))
     if config_file is not None:
         tree = _merge(tree, _read_config_file(config_file))
-    for item in sets or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set {item!r} is not key=value", hint="e.g. --set train.lr=1e-3")
-        _put(tree, key.strip(), _parse_value(value.strip()))
+    _apply_sets(tree, sets)
     for key, value in (flags or {}).items():
         if value is not None:
             _put(tree, key, value)
@@ -335,8 +360,10 @@ def save_config(config: SwmConfig, directory: Path) -> Path:
     return path
 
 
-def load_run_config(run_dir: Path, flags: dict[str, Any] | None = None) -> SwmConfig:
-    """The resolved config a run directory was made with, with ``flags`` (dotted keys) on top."""
+def load_run_config(
+    run_dir: Path, flags: dict[str, Any] | None = None, sets: list[str] | None = None
+) -> SwmConfig:
+    """The resolved config a run directory was made with, ``--set`` items and ``flags`` on top."""
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise CheckpointError(
@@ -350,6 +377,7 @@ def load_run_config(run_dir: Path, flags: dict[str, Any] | None = None) -> SwmCo
         section, key = old_key.split(".")
         if key in tree.get(section, {}):
             tree.setdefault("runtime", {})[key] = tree[section].pop(key)
+    _apply_sets(tree, sets)
     for key, value in (flags or {}).items():
         if value is not None:
             _put(tree, key, value)

@@ -6,48 +6,52 @@ Everything runs gradient-free (``requires_grad_(False)`` + ``inference_mode``, v
     ``eval.heldout_episodes`` of the dataset, never trained on): from one observed frame, the
     predictor rolls forward with the recorded action blocks, feeding its own predictions back; the
     error is the MSE to the encoded true frames, next to the error of "the latent does not move";
-(b) goal reaching: a planner (CEM or MPPI) in latent space toward the goal image, receding
-    horizon, over ``eval.episodes`` seeded episodes, next to a random-action policy on the same
-    seeds. A GIF and a picture strip of the first episodes go to ``RUN_DIR/eval/``.
+(b) goal reaching, in the env the run was trained on, when that env gives a goal image: a planner
+    (CEM or MPPI) in latent space toward the goal image, receding horizon, on the episodes of
+    ``eval.protocol`` (see ``protocols``), next to a random-action policy on the same episodes.
+    Success rates come with 95% Wilson intervals, split by the env's kind of goal (TwoRoom: same
+    room / other room), with the planner's seconds per env step. Labelled pictures of the first
+    episodes go to ``RUN_DIR/eval/``.
+
+A model no better than "no change" at predicting, or a planner no better than random actions,
+is reported as a warning naming the likely cause.
 """
 
+import time
 from pathlib import Path
 
 import numpy as np
 
 from swmcli.config import SwmConfig, load_run_config
-from swmcli.report import CommandResult, Table, info, progress
+from swmcli.errors import UsageError
+from swmcli.report import CommandResult, Table, info, progress, warn
 
 EVAL_DIR = "eval"
 RECORDED_EPISODES = 3  # episodes drawn into the GIF and the strip
-STRIP_FRAMES = 8
 OPEN_LOOP_BATCH = 256
+PLANNER_KEYS = ("horizon", "samples", "iterations", "elites", "keep_elites", "noise_beta")
+PLANNER_KEYS += ("cost", "replan_every")
 
 
 def run_eval(
     run_dir: Path,
     monitor,
-    episodes: int | None = None,
-    planner: str | None = None,
-    bf16: bool | None = None,
-    compile: bool | None = None,
+    flags: dict | None = None,
+    sets: list[str] | None = None,
 ) -> CommandResult:
     """Evaluate the run in ``run_dir`` (its config.json and checkpoint.pt).
 
-    Each argument left None keeps the run's setting (``bf16`` and ``compile`` are its ``runtime``
-    section, the one it trained with). Phases for the memory report: load, warm-up
-    (compilation), open-loop error, plan, random baseline.
+    ``flags`` (dotted ``eval.*`` / ``runtime.*`` keys; None values ignored) and ``sets``
+    (``eval.key=value``) override the run's settings; its ``runtime`` (bf16, compile, CPU
+    threads) is the one it trained with unless changed.
+    Phases for the memory report: load, warm-up (compilation), open-loop error, then plan and
+    random baseline when the env has goals.
     """
     from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
 
     run_dir = Path(run_dir)
-    overrides = {
-        "eval.episodes": episodes,
-        "eval.planner": planner,
-        "runtime.bf16": bf16,
-        "runtime.compile": compile,
-    }
-    cfg = load_run_config(run_dir, overrides)
+    _check_eval_only(flags, sets)
+    cfg = load_run_config(run_dir, flags, sets)
     runner = make_runner(
         bf16=cfg.runtime.bf16, compile=cfg.runtime.compile, cpu_threads=cfg.runtime.cpu_threads
     )
@@ -62,12 +66,51 @@ def run_eval(
         _warm_up(model, shape, runner)
     with runner.inference(model), monitor.phase("open-loop error"):
         errors = open_loop_errors(model, cfg, runner)
-    with runner.inference(model), monitor.phase("plan"):
-        planned = run_episodes(model, cfg, runner, shape)
-    with monitor.phase("random baseline"):
-        random = run_episodes(None, cfg, runner, shape)
-    pictures = save_pictures(planned["recorded"], run_dir / EVAL_DIR, cfg.eval.planner)
-    return _result(run_dir, cfg, runner, state["step"], errors, planned, random, pictures)
+    no_goal = _why_no_planning(cfg, shape)
+    reaching = None
+    if no_goal is None:
+        episodes = _goal_episodes(cfg)
+        with runner.inference(model), monitor.phase("plan"):
+            planned = run_episodes(model, cfg, runner, shape, episodes)
+        with monitor.phase("random baseline"):
+            random = run_episodes(None, cfg, runner, shape, episodes)
+        pictures = save_pictures(planned["recorded"], run_dir / EVAL_DIR, cfg.eval.planner)
+        reaching = (planned, random, pictures)
+    return _result(run_dir, cfg, runner, state["step"], errors, reaching, no_goal)
+
+
+def _check_eval_only(flags: dict | None, sets: list[str] | None) -> None:
+    """swm eval changes only ``eval.*`` and ``runtime.*``: the model and its data are the run's."""
+    keys = [key for key, value in (flags or {}).items() if value is not None]
+    keys += [item.partition("=")[0].strip() for item in sets or []]
+    for key in keys:
+        if not key.startswith(("eval.", "runtime.")):
+            raise UsageError(
+                f"swm eval cannot change {key}: the model and its data are the run's",
+                hint="override eval settings only, e.g. --set eval.samples=300",
+            )
+
+
+def _why_no_planning(cfg: SwmConfig, shape: dict[str, int]) -> str | None:
+    """None when the run's env gives goal images; otherwise why there is no planning result."""
+    from swmcli.envs import has_goal_image, make_env
+
+    env = make_env(cfg.env.id, shape["resolution"], cfg.env.max_episode_steps, seed=cfg.eval.seed)
+    try:
+        if has_goal_image(env):
+            return None
+    finally:
+        env.close()
+    return (
+        f"no planning result: {cfg.env.id} gives no goal image to plan toward "
+        "(goal reaching needs a goal-conditioned env such as swm/TwoRoom-v0)"
+    )
+
+
+def _goal_episodes(cfg: SwmConfig):
+    from swmcli.protocols import goal_episodes
+
+    return goal_episodes(cfg)
 
 
 def load_model(run_dir: Path, cfg: SwmConfig, runner):
@@ -134,36 +177,52 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     return {"model": list(model_sum / len(windows)), "no_change": list(still_sum / len(windows))}
 
 
-def run_episodes(model, cfg: SwmConfig, runner, shape: dict[str, int]) -> dict:
-    """Seeded goal-reaching episodes: planning with ``model``, or random actions when None.
+def run_episodes(model, cfg: SwmConfig, runner, shape: dict[str, int], episodes) -> dict:
+    """Play ``episodes`` (``GoalEpisode``s): planning with ``model``, or random actions when None.
 
-    Returns per-episode ``success`` and ``steps`` (env steps), and the frames of the first
-    episodes (``recorded``: list of (frames, goal image)) for the pictures.
+    Returns per-episode ``success``, ``steps`` (env steps) and ``kind`` (of goal), the seconds
+    spent planning, and the first episodes' frames (``recorded``: (frames, goal image, success)).
     """
-    from swmcli.envs import goal_pixels, make_env
-
     settings = cfg.eval
     label = settings.planner if model is not None else "random"
-    outcome: dict[str, list] = {"success": [], "steps": [], "recorded": []}
-    with progress(f"eval {label}", total=settings.episodes) as advance:
-        for episode in range(settings.episodes):
-            seed = settings.seed + episode
-            env = make_env(cfg.env.id, shape["resolution"], cfg.env.max_episode_steps, seed=seed)
-            observation, _ = env.reset(seed=seed)
-            goal = goal_pixels(env)
-            act = _actor(model, cfg, runner, shape, env, goal, seed)
-            success, frames = _episode(env, observation, act, settings.max_steps)
-            env.close()
+    outcome: dict = {"success": [], "steps": [], "kind": [], "recorded": [], "seconds": 0.0}
+    with progress(f"eval {label}", total=len(episodes)) as advance:
+        for index, episode in enumerate(episodes):
+            success, frames, kind, seconds = _play(model, cfg, runner, shape, episode)
             outcome["success"].append(success)
             outcome["steps"].append(len(frames) - 1)
-            if episode < RECORDED_EPISODES:
-                outcome["recorded"].append((frames, goal))
+            outcome["kind"].append(kind)
+            outcome["seconds"] += seconds
+            if index < RECORDED_EPISODES:
+                outcome["recorded"].append((frames, _goal_image(episode, frames), success))
             advance(1, success_rate=float(np.mean(outcome["success"])))
     return outcome
 
 
+def _play(model, cfg: SwmConfig, runner, shape, episode):
+    """One episode: (success, frames, kind of goal, seconds spent choosing actions)."""
+    from swmcli.envs import goal_kind, goal_pixels, make_env, reset_to_recorded
+
+    limit = max(cfg.env.max_episode_steps, cfg.eval.max_steps)
+    env = make_env(cfg.env.id, shape["resolution"], limit, seed=episode.seed)
+    if episode.state is None:
+        observation, _ = env.reset(seed=episode.seed)
+        episode.goal_pixels = goal_pixels(env)
+    else:
+        observation = reset_to_recorded(env, episode.state, episode.goal_state, episode.seed)
+    kind = goal_kind(env)
+    act = _actor(model, cfg, runner, shape, env, episode.goal_pixels, episode.seed)
+    success, frames, seconds = _episode(env, observation, act, cfg.eval.max_steps)
+    env.close()
+    return success, frames, kind, seconds
+
+
+def _goal_image(episode, frames) -> np.ndarray:
+    return episode.goal_pixels if episode.goal_pixels is not None else frames[0]
+
+
 def _actor(model, cfg: SwmConfig, runner, shape, env, goal, seed: int):
-    """observation -> list of env actions: one planned block, or one random action."""
+    """observation -> list of env actions: the planned blocks, or one random action."""
     if model is None:
         from swmcli.envs.policies import make_policy
 
@@ -171,119 +230,192 @@ def _actor(model, cfg: SwmConfig, runner, shape, env, goal, seed: int):
         return lambda observation: [policy(observation)]
     from swmcli.planning import PlannerSettings, RecedingHorizon
 
+    e = cfg.eval
     settings = PlannerSettings(
-        cfg.eval.horizon, cfg.eval.samples, cfg.eval.iterations, cfg.eval.elites
+        e.horizon,
+        e.samples,
+        e.iterations,
+        e.elites,
+        cost=e.cost,
+        noise_beta=e.noise_beta,
+        keep_elites=e.keep_elites,
+        replan_every=e.replan_every,
+        action_dim=shape["action_dim"],
     )
     block = shape["frameskip"] * shape["action_dim"]
-    planner = RecedingHorizon(model, cfg.eval.planner, settings, block, seed)
+    planner = RecedingHorizon(model, e.planner, settings, block, seed)
     planner.reset(runner.to_device({"goal": goal})["goal"])
 
     def act(observation: dict) -> list[np.ndarray]:
         pixels = runner.to_device({"pixels": observation["pixels"]})["pixels"]
         actions = planner.act(pixels).float().cpu().numpy()
-        return list(actions.reshape(shape["frameskip"], shape["action_dim"]))
+        return list(actions.reshape(-1, shape["action_dim"]))
 
     return act
 
 
-def _episode(env, observation, act, max_steps: int) -> tuple[bool, list[np.ndarray]]:
-    """Run ``act`` until success, the env ends the episode, or ``max_steps`` env steps."""
+def _episode(env, observation, act, max_steps: int) -> tuple[bool, list[np.ndarray], float]:
+    """Run ``act`` until success, the env ends the episode, or ``max_steps`` env steps.
+
+    Returns success, the frames seen and the seconds ``act`` took (planning time).
+    """
     frames = [observation["pixels"]]
+    seconds = 0.0
     while len(frames) <= max_steps:
-        for action in act(observation):
+        started = time.perf_counter()
+        actions = act(observation)
+        seconds += time.perf_counter() - started
+        for action in actions:
             observation, _, terminated, truncated, step_info = env.step(action)
             frames.append(observation["pixels"])
             if step_info.get("success"):
-                return True, frames
+                return True, frames, seconds
             if terminated or truncated or len(frames) > max_steps:
-                return False, frames
-    return False, frames
+                return False, frames, seconds
+    return False, frames, seconds
 
 
 def save_pictures(recorded, directory: Path, planner: str) -> dict[str, str]:
-    """A GIF (frame | goal, side by side) and a strip (goal, then frames) of recorded episodes."""
-    from PIL import Image
+    """A labelled strip and GIF of the recorded episodes (see ``eval_pictures``)."""
+    from swmcli.eval_pictures import save_gif, save_strip
 
     if not recorded:
         return {}
     directory.mkdir(parents=True, exist_ok=True)
-    scale = max(1, 128 // recorded[0][1].shape[0])  # small frames are enlarged to be seen
-    movie = []
-    for frames, goal in recorded:
-        for frame in frames:
-            movie.append(_enlarge(np.concatenate([frame, _gap(frame), goal], axis=1), scale))
-    gif = directory / f"{planner}_episodes.gif"
-    images = [Image.fromarray(frame) for frame in movie]
-    images[0].save(gif, save_all=True, append_images=images[1:], duration=80, loop=0)
-    rows = []
-    for frames, goal in recorded:
-        picks = np.linspace(0, len(frames) - 1, STRIP_FRAMES).round().astype(int)
-        row = [goal, _gap(goal)] + [frames[i] for i in picks]
-        rows.append(np.concatenate(row, axis=1))
-    strip = directory / f"{planner}_strip.png"
-    Image.fromarray(_enlarge(np.concatenate(rows, axis=0), scale)).save(strip)
-    return {"gif": str(gif), "strip": str(strip)}
+    return {
+        "gif": str(save_gif(recorded, directory / f"{planner}_episodes.gif")),
+        "strip": str(save_strip(recorded, directory / f"{planner}_strip.png", planner)),
+    }
 
 
-def _gap(frame: np.ndarray) -> np.ndarray:
-    return np.full((frame.shape[0], 2, 3), 255, dtype=np.uint8)
-
-
-def _enlarge(image: np.ndarray, scale: int) -> np.ndarray:
-    return image.repeat(scale, axis=0).repeat(scale, axis=1)
-
-
-def _result(run_dir, cfg, runner, step, errors, planned, random, pictures) -> CommandResult:
+def _result(run_dir, cfg, runner, step, errors, reaching, no_goal) -> CommandResult:
     horizon_rows = [
         [k + 1, f"{model:.4f}", f"{still:.4f}"]
         for k, (model, still) in enumerate(zip(errors["model"], errors["no_change"], strict=True))
     ]
-    rates = {
-        name: float(np.mean(run["success"]))
-        for name, run in (("plan", planned), ("random", random))
+    fields = {
+        "run_dir": str(run_dir),
+        "checkpoint_step": step,
+        "env": cfg.env.id,
+        "open_loop_mse_first": errors["model"][0] if errors["model"] else None,
+        "open_loop_mse_last": errors["model"][-1] if errors["model"] else None,
+        "no_change_mse_first": errors["no_change"][0] if errors["no_change"] else None,
+        "device": str(runner.device),
+        "dtype": str(runner.dtype).removeprefix("torch."),
+        "compile": runner.compile,
     }
-    reach_rows = [
-        _reach_row(cfg.eval.planner, planned),
-        _reach_row("random actions", random),
+    tables = [
+        Table(
+            "open-loop latent prediction error (held-out episodes)",
+            ["horizon step", "model MSE", "no-change MSE"],
+            horizon_rows,
+        )
     ]
-    return CommandResult(
-        title="swm eval",
-        fields={
-            "run_dir": str(run_dir),
-            "checkpoint_step": step,
-            "planner": cfg.eval.planner,
-            "episodes": cfg.eval.episodes,
-            "success_rate": rates["plan"],
-            "random_success_rate": rates["random"],
-            "open_loop_mse_first": errors["model"][0] if errors["model"] else None,
-            "open_loop_mse_last": errors["model"][-1] if errors["model"] else None,
-            "device": str(runner.device),
-            "dtype": str(runner.dtype).removeprefix("torch."),
-            "compile": runner.compile,
-            **pictures,
+    warnings = [warn(message) for message in _open_loop_warning(errors)]
+    notes = [runner.dtype_reason]
+    if reaching is None:
+        notes.append(no_goal)
+        fields["planning"] = None
+        fields["no_planning_reason"] = no_goal
+    else:
+        planned, random, pictures = reaching
+        fields.update(_reaching_fields(cfg, planned, random), **pictures)
+        tables.append(_reaching_table(cfg, planned, random))
+        warnings += [warn(message) for message in _planner_warning(planned, random)]
+    return CommandResult("swm eval", fields, tables, notes, warnings)
+
+
+def _reaching_fields(cfg, planned: dict, random: dict) -> dict:
+    from swmcli.protocols import wilson_interval
+
+    e = cfg.eval
+    env_steps = sum(planned["steps"])
+    fields = {
+        "protocol": e.protocol,
+        "planner": e.planner,
+        "episodes": len(planned["success"]),
+        "budget": e.max_steps,
+        "success_rate": float(np.mean(planned["success"])),
+        "success_interval": list(wilson_interval(sum(planned["success"]), len(planned["success"]))),
+        "random_success_rate": float(np.mean(random["success"])),
+        "random_success_interval": list(
+            wilson_interval(sum(random["success"]), len(random["success"]))
+        ),
+        "success_by_kind": {
+            kind: {"planner": list(_count(planned, kind)), "random": list(_count(random, kind))}
+            for kind in sorted(set(planned["kind"]))
         },
-        tables=[
-            Table(
-                "open-loop latent prediction error (held-out episodes)",
-                ["horizon step", "model MSE", "no-change MSE"],
-                horizon_rows,
-            ),
-            Table(
-                f"goal reaching over {cfg.eval.episodes} seeded episodes",
-                ["policy", "successes", "success rate", "mean env steps (successes)"],
-                reach_rows,
-            ),
-        ],
-        notes=[runner.dtype_reason],
+        "planning_seconds_per_env_step": planned["seconds"] / max(env_steps, 1),
+        "planner_settings": {key: getattr(e, key) for key in PLANNER_KEYS},
+    }
+    if e.protocol == "dataset":
+        fields["goal_offset"] = e.goal_offset
+    return fields
+
+
+def _count(run: dict, kind: str | None) -> tuple[int, int]:
+    """(successes, episodes) of a run, for one kind of goal or all (None)."""
+    picked = [ok for ok, k in zip(run["success"], run["kind"], strict=True) if kind in (None, k)]
+    return sum(picked), len(picked)
+
+
+def _reaching_table(cfg, planned: dict, random: dict) -> Table:
+    from swmcli.protocols import wilson_interval
+
+    kinds = sorted(set(planned["kind"]))
+    rows = []
+    for name, run in ((cfg.eval.planner, planned), ("random actions", random)):
+        for kind in [None, *kinds] if len(kinds) > 1 else [None]:
+            wins, total = _count(run, kind)
+            low, high = wilson_interval(wins, total)
+            steps = [
+                s
+                for s, ok, k in zip(run["steps"], run["success"], run["kind"], strict=True)
+                if ok and kind in (None, k)
+            ]
+            rows.append(
+                [
+                    name,
+                    kind or "all",
+                    f"{wins}/{total}",
+                    f"{wins / max(total, 1):.0%}",
+                    f"{low:.0%}-{high:.0%}",
+                    f"{np.mean(steps):.1f}" if steps else "-",
+                ]
+            )
+    e = cfg.eval
+    where = (
+        f"dataset protocol: held-out starts, goal {e.goal_offset} steps ahead"
+        if e.protocol == "dataset"
+        else "random-goal protocol"
+    )
+    per_step = planned["seconds"] / max(sum(planned["steps"]), 1)
+    return Table(
+        f"goal reaching, {where}, budget {e.max_steps} env steps "
+        f"({per_step:.3f} s planning per env step)",
+        ["policy", "goal", "successes", "success rate", "95% interval", "mean env steps (wins)"],
+        rows,
     )
 
 
-def _reach_row(name: str, run: dict) -> list:
-    wins = [steps for steps, ok in zip(run["steps"], run["success"], strict=True) if ok]
-    mean_steps = f"{np.mean(wins):.1f}" if wins else "-"
+def _open_loop_warning(errors: dict) -> list[str]:
+    if not errors["model"] or errors["model"][0] < errors["no_change"][0]:
+        return []
     return [
-        name,
-        f"{len(wins)}/{len(run['success'])}",
-        f"{np.mean(run['success']):.0%}",
-        mean_steps,
+        f"open-loop prediction is no better than the no-change baseline "
+        f"({errors['model'][0]:.4f} vs {errors['no_change'][0]:.4f} at one step): the model has "
+        "not learned the dynamics; likely too few training steps or too little data: train "
+        "longer (--steps) or collect more episodes"
+    ]
+
+
+def _planner_warning(planned: dict, random: dict) -> list[str]:
+    wins, random_wins = sum(planned["success"]), sum(random["success"])
+    if wins > random_wins:
+        return []
+    total = len(planned["success"])
+    return [
+        f"the planner is no better than random actions ({wins}/{total} vs {random_wins}/{total}): "
+        "likely an undertrained model (see the open-loop error) or a horizon too short to "
+        "reach the goal: train longer, or raise --horizon / --samples"
     ]

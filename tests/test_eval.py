@@ -1,5 +1,6 @@
 """`swm eval RUN_DIR` end to end on a tiny run: open-loop error, planning, pictures, errors."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,8 @@ from swmcli.core.clips import heldout_split
 from swmcli.core.memory import MemoryMonitor
 from swmcli.core.runner import make_runner
 from swmcli.core.storage import open_reader
-from swmcli.errors import CheckpointError
-from swmcli.evaluate import load_model, open_loop_errors, run_eval
+from swmcli.errors import CheckpointError, UsageError
+from swmcli.evaluate import _goal_episodes, load_model, open_loop_errors, run_episodes, run_eval
 from swmcli.planning import PlannerSettings, cem, plan_costs
 from swmcli.train import run_train
 
@@ -36,14 +37,19 @@ def test_eval_reports_errors_success_rates_and_pictures(tiny_run):
     assert fields["checkpoint_step"] == 40
     assert fields["episodes"] == 4 and fields["planner"] == "cem"
     errors, reaching = result.tables
-    for row, rate in zip(reaching.rows, ("success_rate", "random_success_rate"), strict=True):
-        wins, episodes = map(int, row[1].split("/"))
+    overall = [row for row in reaching.rows if row[1] == "all"]
+    for row, rate in zip(overall, ("success_rate", "random_success_rate"), strict=True):
+        wins, episodes = map(int, row[2].split("/"))
         assert episodes == 4 and fields[rate] == wins / episodes
     assert [row[0] for row in errors.rows] == [1, 2, 3]  # one row per horizon step
     assert all(float(row[1]) >= 0 for row in errors.rows)
-    assert [row[0] for row in reaching.rows] == ["cem", "random actions"]
+    assert [row[0] for row in reaching.rows if row[1] == "all"] == ["cem", "random actions"]
+    low, high = fields["success_interval"]
+    assert low <= fields["success_rate"] <= high
+    assert fields["planning_seconds_per_env_step"] > 0
     with Image.open(fields["gif"]) as gif:
         assert gif.n_frames > 3
+        assert gif.size[1] >= 256  # large enough to see the agent
     with Image.open(fields["strip"]) as strip:
         assert strip.size[0] > strip.size[1]
     names = [phase.name for phase in monitor.report.phases]
@@ -51,15 +57,16 @@ def test_eval_reports_errors_success_rates_and_pictures(tiny_run):
 
 
 def test_eval_is_reproducible_and_mppi_runs(tiny_run):
-    first = run_eval(tiny_run, MemoryMonitor(), episodes=2, planner="mppi")
-    second = run_eval(tiny_run, MemoryMonitor(), episodes=2, planner="mppi")
+    flags = {"eval.episodes": 2, "eval.planner": "mppi"}
+    first = run_eval(tiny_run, MemoryMonitor(), flags=flags)
+    second = run_eval(tiny_run, MemoryMonitor(), flags=flags)
     assert first.fields["planner"] == "mppi"
     assert first.tables[1].rows == second.tables[1].rows
     assert first.fields["open_loop_mse_last"] == second.fields["open_loop_mse_last"]
 
 
 def test_eval_bf16_runs(tiny_run):
-    result = run_eval(tiny_run, MemoryMonitor(), episodes=1, bf16=True)
+    result = run_eval(tiny_run, MemoryMonitor(), flags={"eval.episodes": 1, "runtime.bf16": True})
     assert result.fields["dtype"] == "bfloat16"
     assert np.isfinite(result.fields["open_loop_mse_first"])
 
@@ -110,3 +117,145 @@ def test_missing_run_and_missing_checkpoint_are_clear_errors(tiny_run, tmp_path)
     (tmp_path / "config.json").write_text((tiny_run / "config.json").read_text())
     with pytest.raises(CheckpointError, match="no checkpoint"):
         run_eval(tmp_path, MemoryMonitor())
+
+
+# --- protocols, flags, warnings, goal-less envs ---------------------------------------------
+
+
+def test_dataset_protocol_starts_from_recorded_states_with_goals_offset_ahead(tiny_run):
+    from swmcli.core.storage import open_reader
+    from swmcli.envs import make_env, reset_to_recorded
+    from swmcli.protocols import goal_episodes
+
+    cfg = resolve_config(
+        config_file=tiny_run / "config.json",
+        flags={"eval.protocol": "dataset", "eval.goal_offset": 5, "eval.episodes": 6},
+    )
+    reader = open_reader(cfg.data.path)
+    first = reader.num_episodes - cfg.eval.heldout_episodes
+    episodes = goal_episodes(cfg)
+    assert len(episodes) == 6 and len({e.source for e in episodes}) == 6  # no repeats
+    for episode in episodes:
+        index, step = episode.source
+        assert index >= first  # held-out episodes only
+        rows = reader.read_episode(index, keys=["state", "pixels"])
+        assert step + 5 < len(rows["state"])
+        np.testing.assert_array_equal(episode.state, rows["state"][step])
+        np.testing.assert_array_equal(episode.goal_pixels, rows["pixels"][step + 5])
+        env = make_env(cfg.env.id, cfg.env.resolution, 50, seed=0)
+        observation = reset_to_recorded(env, episode.state, episode.goal_state, seed=0)
+        # The env now is where the dataset was: same frame, and its goal is the state 5 steps on.
+        np.testing.assert_array_equal(observation["pixels"], rows["pixels"][step])
+        np.testing.assert_allclose(env.unwrapped.goal, rows["state"][step + 5], atol=1e-5)
+        np.testing.assert_array_equal(env.unwrapped.goal_pixels(), episode.goal_pixels)
+    reader.close()
+
+
+def test_dataset_protocol_respects_the_budget_and_plays_random_on_the_same_episodes(tiny_run):
+    flags = {
+        "eval.protocol": "dataset",
+        "eval.goal_offset": 4,
+        "eval.max_steps": 3,
+        "eval.episodes": 3,
+    }
+    result = run_eval(tiny_run, MemoryMonitor(), flags=flags)
+    fields = result.fields
+    assert fields["protocol"] == "dataset" and fields["budget"] == 3
+    assert fields["goal_offset"] == 4 and fields["episodes"] == 3
+    cfg = resolve_config(config_file=tiny_run / "config.json", flags=flags)
+    runner = make_runner()
+    model, state = load_model(tiny_run, cfg, runner)
+    episodes = _goal_episodes(cfg)
+    with runner.inference(model):
+        planned = run_episodes(model, cfg, runner, state["model_args"], episodes)
+    random = run_episodes(None, cfg, runner, state["model_args"], episodes)
+    assert max(planned["steps"] + random["steps"]) <= 3
+    for (plan_frames, plan_goal, _), (random_frames, random_goal, _) in zip(
+        planned["recorded"], random["recorded"], strict=True
+    ):
+        np.testing.assert_array_equal(plan_frames[0], random_frames[0])  # same start state
+        np.testing.assert_array_equal(plan_goal, random_goal)
+    assert planned["kind"] == random["kind"]
+    assert set(planned["kind"]) <= {"same room", "other room"}
+
+
+def test_dataset_protocol_refuses_offsets_longer_than_every_episode(tiny_run):
+    with pytest.raises(UsageError, match="no held-out episode is longer"):
+        run_eval(
+            tiny_run, MemoryMonitor(), flags={"eval.protocol": "dataset", "eval.goal_offset": 500}
+        )
+
+
+def test_envs_that_cannot_be_set_to_a_recorded_state_are_refused():
+    from test_envs import TINY_ID
+
+    from swmcli.envs import make_env, reset_to_recorded
+
+    env = make_env(TINY_ID, 32, 10, seed=0)
+    with pytest.raises(UsageError, match="cannot be set to a recorded state"):
+        reset_to_recorded(env, np.zeros(4), np.zeros(4), seed=0)
+
+
+def test_wilson_interval_matches_the_textbook_values():
+    from swmcli.protocols import wilson_interval
+
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson_interval(45, 50) == pytest.approx((0.7864, 0.9565), abs=1e-4)
+
+
+def test_planner_flags_and_sets_reach_the_planner_and_other_sections_are_refused(tiny_run):
+    from typer.testing import CliRunner
+
+    from swmcli.cli import app
+
+    cli = CliRunner()
+    args = ["eval", str(tiny_run), "--episodes", "1", "--samples", "8", "--iterations", "1"]
+    args += ["--budget", "4", "--set", "eval.cost=trajectory", "--set", "eval.noise_beta=2"]
+    result = cli.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    settings = payload["planner_settings"]
+    assert settings["samples"] == 8 and settings["iterations"] == 1
+    assert settings["cost"] == "trajectory" and settings["noise_beta"] == 2
+    assert payload["budget"] == 4 and isinstance(payload["warnings"], list)
+    refused = cli.invoke(app, ["eval", str(tiny_run), "--set", "model.latent_dim=3"])
+    assert refused.exit_code == 2 and "cannot change model.latent_dim" in refused.output
+
+
+def test_warnings_name_the_cause_and_are_printed_once(tiny_run):
+    from swmcli.evaluate import _open_loop_warning, _planner_warning
+
+    worse = {"model": [1.01, 1.2], "no_change": [0.87, 0.9]}
+    assert "no better than the no-change baseline" in _open_loop_warning(worse)[0]
+    assert _open_loop_warning({"model": [0.1], "no_change": [0.9]}) == []
+    tie = {"success": [False, True]}
+    assert "no better than random" in _planner_warning(tie, tie)[0]
+    assert _planner_warning({"success": [True, True]}, tie) == []
+    # A planner that never reaches anything in one step is no better than random: warned once.
+    from typer.testing import CliRunner
+
+    from swmcli.cli import app
+
+    args = ["eval", str(tiny_run), "--episodes", "1", "--budget", "1", "--samples", "4"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert result.output.count("no better than random") == 1
+
+
+def test_eval_on_an_env_without_goals_reports_open_loop_and_why_no_planning(tmp_path):
+    from test_envs import TINY_ID
+
+    data, run_dir = tmp_path / "tiny_env.lance", tmp_path / "run"
+    env = {"env.id": TINY_ID, "env.resolution": 16, "collect.policy": "random"}
+    run_collect(resolve_config("tiny", flags={**env, "collect.out": data}), MemoryMonitor())
+    cfg = resolve_config(
+        "tiny", flags={**env, "data.path": data, "train.out": run_dir, "train.steps": 4}
+    )
+    run_train(cfg, MemoryMonitor())
+    result = run_eval(run_dir, MemoryMonitor())
+    assert result.fields["env"] == TINY_ID
+    assert result.fields["planning"] is None
+    assert "gives no goal image" in result.fields["no_planning_reason"]
+    assert len(result.tables[0].rows) == 3  # the open-loop error is reported
+    assert any("no planning result" in note for note in result.notes)

@@ -95,6 +95,35 @@ def goal_pixels(env) -> np.ndarray:
     return render_goal()
 
 
+def has_goal_image(env) -> bool:
+    """Whether ``env`` gives a goal image to plan toward (goal-conditioned envs such as TwoRoom)."""
+    return getattr(env.unwrapped, "goal_pixels", None) is not None
+
+
+def reset_to_recorded(env, state: np.ndarray, goal_state: np.ndarray, seed: int) -> dict:
+    """Reset ``env`` with the agent at a recorded ``state`` and the goal at ``goal_state``.
+
+    This is what the dataset protocol of ``swm eval`` needs; only envs that can be set to a
+    recorded state (TwoRoom, whose state is the agent's position) support it.
+    """
+    from swmcli.envs.tworoom import TwoRoomEnv
+
+    if not isinstance(env.unwrapped, TwoRoomEnv):
+        raise UsageError(
+            f"{_env_name(env)} cannot be set to a recorded state, which --protocol dataset needs",
+            hint="use --protocol random-goal (or evaluate on swm/TwoRoom-v0)",
+        )
+    options = {"start": tuple(state.tolist()), "goal": tuple(goal_state.tolist())}
+    observation, _ = env.reset(seed=seed, options=options)
+    return observation
+
+
+def goal_kind(env) -> str:
+    """The kind of the current goal as the env names it (TwoRoom: same or other room), or "all"."""
+    describe = getattr(env.unwrapped, "goal_kind", None)
+    return "all" if describe is None else describe()
+
+
 class PixelObservation(gym.Wrapper):
     """Turns any ``rgb_array`` env into ``{"pixels", "state"}`` observations at one resolution.
 

@@ -60,6 +60,28 @@ def is_free(x: float, y: float) -> bool:
     return not (LEFT_X_MAX < x < RIGHT_X_MIN) or DOOR_LOW <= y <= DOOR_HIGH
 
 
+def snap_free(x: float, y: float, tolerance: float = 1e-5) -> tuple[float, float]:
+    """(x, y) moved onto free space when it is within ``tolerance`` of it, else unchanged.
+
+    A state recorded in float32 can sit a hair inside a wall the agent was sliding along; set back
+    from a dataset it must be the free position it was.
+    """
+    if is_free(x, y):
+        return x, y
+    near_x = min(max(x, LOW), HIGH)
+    near_y = min(max(y, LOW), HIGH)
+    if LEFT_X_MAX < near_x < RIGHT_X_MIN and not DOOR_LOW <= near_y <= DOOR_HIGH:
+        in_door = min(max(near_y, DOOR_LOW), DOOR_HIGH)
+        beside = LEFT_X_MAX if near_x < WALL_X else RIGHT_X_MIN
+        if abs(in_door - near_y) <= abs(beside - near_x):
+            near_y = in_door
+        else:
+            near_x = beside
+    if max(abs(near_x - x), abs(near_y - y)) <= tolerance:
+        return near_x, near_y
+    return x, y
+
+
 def move(x: float, y: float, dx: float, dy: float) -> tuple[float, float]:
     """Move the centre by (dx, dy), sliding along walls; only the door joins the rooms.
 
@@ -158,7 +180,8 @@ class TwoRoomEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         """Start a new episode: start and goal drawn uniformly over both rooms, unless given.
 
-        ``options={"start": (x, y), "goal": (x, y)}`` pins either one (each must be free space).
+        ``options={"start": (x, y), "goal": (x, y)}`` pins either one (each must be free space):
+        that is how a recorded state is set back (``swm eval --protocol dataset``).
         """
         super().reset(seed=seed)
         options = options or {}
@@ -211,11 +234,16 @@ class TwoRoomEnv(gym.Env):
         low, high = (LOW, LEFT_X_MAX) if self.np_random.random() < 0.5 else (RIGHT_X_MIN, HIGH)
         return float(self.np_random.uniform(low, high)), float(self.np_random.uniform(LOW, HIGH))
 
+    def goal_kind(self) -> str:
+        """What kind of goal this episode has: ``"same room"`` or ``"other room"`` as the agent."""
+        same = room_of(self._position[0]) == room_of(self._goal[0])
+        return "same room" if same else "other room"
+
     @staticmethod
     def _chosen(options: dict, key: str) -> tuple[float, float] | None:
         if options.get(key) is None:
             return None
-        x, y = (float(v) for v in options[key])
+        x, y = snap_free(*(float(v) for v in options[key]))
         if not is_free(x, y):
             raise ValueError(f"TwoRoom {key} {(x, y)} is inside a wall or outside the rooms")
         return x, y
