@@ -113,6 +113,12 @@ class ModelConfig(Section):
         "sigreg", description="what keeps the latents from collapsing"
     )
     regularizer_weight: float = Field(0.1, ge=0, description="weight of the regularizer loss")
+    rollout_weight: float = Field(
+        0.0,
+        ge=0,
+        description="weight of the multi-step loss: the predictor rolled out over the clip from "
+        "its first latent, its own predictions fed back (what planning does)",
+    )
 
 
 class RuntimeConfig(Section):

@@ -107,3 +107,19 @@ def test_history_len_one_is_refused():
 @pytest.mark.parametrize(("resolution", "stages"), [(32, 3), (64, 4), (224, 6)])
 def test_cnn_depth_follows_resolution(resolution, stages):
     assert cnn_stages(resolution) == stages
+
+
+def test_multi_step_loss_adds_the_rolled_out_error_and_trains_through_it():
+    batch = _batch(history_len=4)
+    plain = _model(history_len=4)
+    rolled = _model(TINY.model_copy(update={"rollout_weight": 0.5}), history_len=4)
+    torch.manual_seed(2)
+    base, base_parts = plain.loss(batch)
+    torch.manual_seed(2)  # the same SIGReg directions
+    total, parts = rolled.loss(batch)
+    assert "rollout" not in base_parts and parts["rollout"] > 0
+    assert total.item() == pytest.approx(base.item() + 0.5 * parts["rollout"].item(), rel=1e-5)
+    # The rolled-out error differs from teacher forcing past the first step.
+    assert parts["rollout"].item() != pytest.approx(parts["prediction"].item())
+    total.backward()
+    assert rolled.predictor.out.weight.grad.abs().sum() > 0

@@ -45,12 +45,20 @@ def effective_rank(latents: torch.Tensor) -> torch.Tensor:
 class WorldModel(nn.Module):
     """Encoder and predictor plus the loss; ``encode``/``predict``/``rollout`` for planning."""
 
-    def __init__(self, encoder: nn.Module, predictor: Predictor, regularizer: str, weight: float):
+    def __init__(
+        self,
+        encoder: nn.Module,
+        predictor: Predictor,
+        regularizer: str,
+        weight: float,
+        rollout_weight: float = 0.0,
+    ):
         super().__init__()
         self.encoder = encoder
         self.predictor = predictor
         self.regularizer = REGULARIZERS[regularizer]
         self.regularizer_weight = weight
+        self.rollout_weight = rollout_weight
         self.use_compiled(None, None)
 
     def use_compiled(self, encoder_call: Any, predictor_call: Any) -> None:
@@ -75,11 +83,16 @@ class WorldModel(nn.Module):
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Training loss of a device batch: MSE to the next latents + weight * regularizer.
 
-        Returns the loss and its parts (detached) for logging: ``prediction``, ``regularizer``
-        and ``latent_rank`` (effective rank of the batch's latents; near 1 = collapse).
+        With ``rollout_weight`` > 0, plus that weight times the MSE of the predictor rolled out
+        from the clip's first latent on its own predictions (the multi-step loss: planning
+        imagines several blocks ahead, and teacher forcing alone never trains that).
+        Returns the loss and its parts (detached) for logging: ``prediction``, ``regularizer``,
+        ``rollout`` (when used) and ``latent_rank`` (effective rank of the batch's latents;
+        near 1 = collapse).
         """
         latents = self.encode(batch["pixels"])
-        predicted = self.predict(latents[:, :-1], batch["action"][:, :-1].float())
+        actions = batch["action"][:, :-1].float()
+        predicted = self.predict(latents[:, :-1], actions)
         prediction = prediction_loss(predicted, latents[:, 1:])
         flat = latents.reshape(-1, latents.shape[-1])
         regularizer = self.regularizer(flat)
@@ -89,6 +102,11 @@ class WorldModel(nn.Module):
             "regularizer": regularizer.detach(),
             "latent_rank": effective_rank(flat.detach()),
         }
+        if self.rollout_weight > 0:
+            imagined = self.rollout(latents[:, :1], actions[:, :0], actions)
+            rollout = prediction_loss(imagined, latents[:, 1:])
+            total = total + self.rollout_weight * rollout
+            parts["rollout"] = rollout.detach()
         return total, parts
 
     def rollout(
@@ -149,4 +167,10 @@ def build_world_model(
         model_cfg.predictor_heads,
         max_len=history_len - 1,
     )
-    return WorldModel(encoder, predictor, model_cfg.regularizer, model_cfg.regularizer_weight)
+    return WorldModel(
+        encoder,
+        predictor,
+        model_cfg.regularizer,
+        model_cfg.regularizer_weight,
+        model_cfg.rollout_weight,
+    )
