@@ -18,7 +18,8 @@ from swmcli.units import format_bytes, format_gb, parse_size
 
 
 def test_required_presets_exist():
-    assert {"tiny", "tworoom-64", "tworoom-224", "gpu24-224-bf16"} <= set(preset_names())
+    required = {"tiny", "tworoom-64", "tworoom-224", "gpu24-224-bf16", "lewm-224"}
+    assert required <= set(preset_names())
 
 
 @pytest.mark.parametrize("name", preset_names())
@@ -26,6 +27,42 @@ def test_every_preset_validates(name):
     cfg = resolve_config(preset=name)
     assert isinstance(cfg, SwmConfig)
     assert cfg.collect.out == cfg.data.path, "a preset trains on the data it collects"
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_builds_its_model(name):
+    from swmcli.models import build_world_model
+
+    cfg = resolve_config(preset=name)
+    model = build_world_model(
+        cfg.model,
+        resolution=cfg.env.resolution,
+        action_dim=2,
+        frameskip=cfg.data.frameskip,
+        history_len=cfg.data.history_len,
+    )
+    assert sum(p.numel() for p in model.parameters()) > 0
+    assert cfg.eval.elites <= cfg.eval.samples and cfg.eval.keep_elites <= cfg.eval.elites
+
+
+def test_lewm_preset_mirrors_lewm_and_its_predicted_peak_fits_24_gib():
+    import numpy as np
+
+    from swmcli.prediction import PeakPredictor, Variant
+
+    cfg = resolve_config(preset="lewm-224")
+    model, data, train = cfg.model, cfg.data, cfg.train
+    assert (model.encoder, cfg.env.resolution, model.vit_patch, model.vit_dim) == (
+        "vit",
+        224,
+        14,
+        192,
+    )
+    assert (model.predictor_depth, model.predictor_dim, model.regularizer) == (6, 192, "sigreg")
+    assert (data.history_len, data.frameskip, train.batch_size, train.bf16) == (3, 5, 128, True)
+    step = {"pixels": np.zeros((224, 224, 3), np.uint8), "action": np.zeros(2, np.float32)}
+    variant = Variant("train", True, train.batch_size, data.history_len, data.frameskip)
+    assert PeakPredictor(cfg, step).needed_bytes(variant) <= 24 * 2**30
 
 
 def test_gpu_preset_turns_on_bf16_and_compile():
