@@ -49,6 +49,7 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
             "resolution": cfg.env.resolution,
             "action_dim": action_dim,
             "policy": settings.policy,
+            "random_episodes": settings.random_episodes,
         }
         writer = open_writer(settings.out, settings.format, mode="append", metadata=metadata)
 
@@ -118,7 +119,9 @@ def _rollouts(
     while True:
         limit = None if target is None else target - steps
         seed = episode_seed(settings.seed, writer.num_episodes)
-        policy = make_policy(settings.policy, env, seed)
+        # The dataset's first random_episodes are random actions, then the chosen policy's.
+        name = "random" if writer.num_episodes < settings.random_episodes else settings.policy
+        policy = make_policy(name, env, seed)
         for row in episode_rows(env, policy, action_dim, seed=seed, limit=limit):
             if interrupted():
                 raise KeyboardInterrupt

@@ -48,6 +48,13 @@ class CollectConfig(Section):
     policy: Literal["expert", "random"] = Field(
         "expert", description="who picks the actions: expert or random"
     )
+    random_episodes: int = Field(
+        0,
+        ge=0,
+        description="the dataset's first episodes played with random actions, then the "
+        "policy's: shows the model what expert data never does; the held-out tail stays the "
+        "policy's",
+    )
     out: Path = Field(Path("data/tworoom.lance"), description="dataset to write or append to")
     format: Literal["lance", "hdf5", "folder"] | None = Field(
         None,

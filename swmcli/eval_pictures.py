@@ -36,7 +36,11 @@ def save_strip(recorded, path: Path, planner: str) -> Path:
 
     columns = STRIP_FRAMES + 1
     figure, axes = plt.subplots(
-        len(recorded), columns, figsize=(1.45 * columns, 1.75 * len(recorded)), squeeze=False
+        len(recorded),
+        columns,
+        figsize=(1.3 * columns, 1.6 * len(recorded) + 0.4),
+        squeeze=False,
+        gridspec_kw={"wspace": 0.08, "hspace": 0.45},
     )
     for row, (frames, goal, success) in enumerate(recorded):
         picks = np.unique(np.linspace(0, len(frames) - 1, STRIP_FRAMES).round().astype(int))
@@ -57,8 +61,7 @@ def save_strip(recorded, path: Path, planner: str) -> Path:
             fontsize=8, color=colour, va="top",
         )  # fmt: skip
     figure.suptitle(f"{planner} episodes: the goal, then the agent's frames", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
     return path
 

@@ -156,3 +156,18 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.startswith("collect ")]
     assert lines and lines[-1].startswith("collect 60/60 (100%)")
     assert "/s" in lines[-1]
+
+
+def test_random_episodes_come_first_then_the_policy(tmp_path):
+    mixed, random = tmp_path / "mixed.lance", tmp_path / "random.lance"
+    args = ["--out", str(mixed), "--episodes", "4", "--set", "collect.random_episodes=2"]
+    assert _collect(*args).exit_code == 0
+    assert _collect("--out", str(random), "--episodes", "4", "--policy", "random").exit_code == 0
+    mixed_reader, random_reader = open_reader(mixed), open_reader(random)
+    for index in range(2):  # the same seeded random episodes
+        np.testing.assert_array_equal(
+            mixed_reader.read_episode(index)["action"], random_reader.read_episode(index)["action"]
+        )
+    expert, other = mixed_reader.read_episode(2)["action"], random_reader.read_episode(2)["action"]
+    assert expert.shape != other.shape or not np.array_equal(expert, other, equal_nan=True)
+    assert mixed_reader.metadata["random_episodes"] == 2
