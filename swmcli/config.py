@@ -207,6 +207,15 @@ class EvalConfig(Section):
     seed: int = Field(1000, description="seed of the planning episodes")
 
 
+def eval_budget(cfg: "SwmConfig") -> int:
+    """The env steps a planning episode may take (``eval.max_steps`` or its protocol default)."""
+    if cfg.eval.max_steps is not None:
+        return cfg.eval.max_steps
+    if cfg.eval.protocol == "dataset":
+        return 2 * cfg.eval.goal_offset
+    return cfg.env.max_episode_steps
+
+
 class MemprofileConfig(Section):
     """`swm memprofile`: budgets to fit."""
 

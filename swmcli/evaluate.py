@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swmcli.config import SwmConfig, load_run_config
+from swmcli.config import SwmConfig, eval_budget, load_run_config
 from swmcli.errors import UsageError
 from swmcli.report import CommandResult, Table, info, progress, warn
 
@@ -203,7 +203,8 @@ def _play(model, cfg: SwmConfig, runner, shape, episode):
     """One episode: (success, frames, kind of goal, seconds spent choosing actions)."""
     from swmcli.envs import goal_kind, goal_pixels, make_env, reset_to_recorded
 
-    limit = max(cfg.env.max_episode_steps, cfg.eval.max_steps)
+    budget = eval_budget(cfg)
+    limit = max(cfg.env.max_episode_steps, budget)
     env = make_env(cfg.env.id, shape["resolution"], limit, seed=episode.seed)
     if episode.state is None:
         observation, _ = env.reset(seed=episode.seed)
@@ -212,7 +213,7 @@ def _play(model, cfg: SwmConfig, runner, shape, episode):
         observation = reset_to_recorded(env, episode.state, episode.goal_state, episode.seed)
     kind = goal_kind(env)
     act = _actor(model, cfg, runner, shape, env, episode.goal_pixels, episode.seed)
-    success, frames, seconds = _episode(env, observation, act, cfg.eval.max_steps)
+    success, frames, seconds = _episode(env, observation, act, budget)
     env.close()
     return success, frames, kind, seconds
 
@@ -334,7 +335,7 @@ def _reaching_fields(cfg, planned: dict, random: dict) -> dict:
         "protocol": e.protocol,
         "planner": e.planner,
         "episodes": len(planned["success"]),
-        "budget": e.max_steps,
+        "budget": eval_budget(cfg),
         "success_rate": float(np.mean(planned["success"])),
         "success_interval": list(wilson_interval(sum(planned["success"]), len(planned["success"]))),
         "random_success_rate": float(np.mean(random["success"])),
@@ -391,7 +392,7 @@ def _reaching_table(cfg, planned: dict, random: dict) -> Table:
     )
     per_step = planned["seconds"] / max(sum(planned["steps"]), 1)
     return Table(
-        f"goal reaching, {where}, budget {e.max_steps} env steps "
+        f"goal reaching, {where}, budget {eval_budget(cfg)} env steps "
         f"({per_step:.3f} s planning per env step)",
         ["policy", "goal", "successes", "success rate", "95% interval", "mean env steps (wins)"],
         rows,

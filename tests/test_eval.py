@@ -259,3 +259,12 @@ def test_eval_on_an_env_without_goals_reports_open_loop_and_why_no_planning(tmp_
     assert "gives no goal image" in result.fields["no_planning_reason"]
     assert len(result.tables[0].rows) == 3  # the open-loop error is reported
     assert any("no planning result" in note for note in result.notes)
+
+
+def test_budget_defaults_to_twice_the_goal_offset_or_the_env_episode():
+    from swmcli.config import eval_budget
+
+    dataset = {"eval.protocol": "dataset", "eval.goal_offset": 25}
+    assert eval_budget(resolve_config(flags=dataset)) == 50
+    assert eval_budget(resolve_config(flags={"env.max_episode_steps": 80})) == 80
+    assert eval_budget(resolve_config(flags={**dataset, "eval.max_steps": 7})) == 7
