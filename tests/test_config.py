@@ -59,7 +59,12 @@ def test_lewm_preset_mirrors_lewm_and_its_predicted_peak_fits_24_gib():
         192,
     )
     assert (model.predictor_depth, model.predictor_dim, model.regularizer) == (6, 192, "sigreg")
-    assert (data.history_len, data.frameskip, train.batch_size, train.bf16) == (3, 5, 128, True)
+    assert (data.history_len, data.frameskip, train.batch_size, cfg.runtime.bf16) == (
+        3,
+        5,
+        128,
+        True,
+    )
     step = {"pixels": np.zeros((224, 224, 3), np.uint8), "action": np.zeros(2, np.float32)}
     variant = Variant("train", True, train.batch_size, data.history_len, data.frameskip)
     assert PeakPredictor(cfg, step).needed_bytes(variant) <= 24 * 2**30
