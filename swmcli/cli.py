@@ -502,8 +502,7 @@ def eval_(
 ) -> None:
     """Evaluate a run: open-loop prediction error and goal-reaching success with a planner.
 
-    Planner settings not given keep the run's eval settings (config.json); --set eval.KEY=VALUE
-    changes any other (cost, noise_beta, keep_elites, replan_every, seed, heldout_episodes).
+    Flags not given keep the run's settings; --set eval.KEY=VALUE changes any other eval setting.
     """
     flags = _flags("eval", locals())
 
