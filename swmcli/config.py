@@ -67,8 +67,8 @@ class DataConfig(Section):
     """Streaming clips from a dataset on disk."""
 
     path: Path = Field(Path("data/tworoom.lance"), description="dataset to stream clips from")
-    history_len: PositiveInt = Field(4, description="observations per clip")
-    frameskip: PositiveInt = Field(2, description="observation stride; actions stay dense")
+    history_len: PositiveInt = Field(3, description="observations per clip")
+    frameskip: PositiveInt = Field(5, description="observation stride; actions stay dense")
     num_workers: int = Field(2, ge=0, description="DataLoader worker processes")
     prefetch_factor: PositiveInt = Field(2, description="batches each worker reads ahead")
     cache_dir: Path | None = Field(
@@ -107,19 +107,19 @@ class ModelConfig(Section):
     """The JEPA world model: encoder (pixels -> latent) and causal action-conditioned predictor."""
 
     encoder: Literal["cnn", "vit"] = Field("cnn", description="pixel encoder architecture")
-    latent_dim: PositiveInt = Field(128, description="size of one frame's latent")
-    cnn_width: PositiveInt = Field(32, description="channels of the first CNN stage (doubles)")
+    latent_dim: PositiveInt = Field(32, description="size of one frame's latent")
+    cnn_width: PositiveInt = Field(16, description="channels of the first CNN stage (doubles)")
     vit_patch: PositiveInt = Field(16, description="ViT patch side in pixels")
     vit_dim: PositiveInt = Field(192, description="ViT token width")
     vit_depth: PositiveInt = Field(12, description="ViT blocks")
     vit_heads: PositiveInt = Field(3, description="ViT attention heads")
-    predictor_dim: PositiveInt = Field(256, description="predictor token width")
-    predictor_depth: PositiveInt = Field(4, description="predictor blocks")
+    predictor_dim: PositiveInt = Field(128, description="predictor token width")
+    predictor_depth: PositiveInt = Field(3, description="predictor blocks")
     predictor_heads: PositiveInt = Field(4, description="predictor attention heads")
     regularizer: Literal["sigreg", "vicreg"] = Field(
         "sigreg", description="what keeps the latents from collapsing"
     )
-    regularizer_weight: float = Field(0.1, ge=0, description="weight of the regularizer loss")
+    regularizer_weight: float = Field(0.005, ge=0, description="weight of the regularizer loss")
     rollout_weight: float = Field(
         0.0,
         ge=0,
@@ -141,10 +141,10 @@ class RuntimeConfig(Section):
 class TrainConfig(Section):
     """`swm train`: the optimization loop and its memory levers."""
 
-    steps: PositiveInt = Field(1000, description="optimizer steps to train to")
+    steps: PositiveInt = Field(2000, description="optimizer steps to train to")
     batch_size: PositiveInt = Field(64, description="clips per micro-batch")
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
-    lr: float = Field(3e-4, gt=0, description="peak learning rate (warm-up, then cosine)")
+    lr: float = Field(5e-4, gt=0, description="peak learning rate (warm-up, then cosine)")
     weight_decay: float = Field(0.05, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
     seed: int = Field(0, description="seed of init, sampling and shuffling")
@@ -187,15 +187,16 @@ class EvalConfig(Section):
     )
     planner: Literal["cem", "mppi"] = Field("cem", description="latent-space planner: cem or mppi")
     horizon: PositiveInt = Field(5, description="planned action blocks")
-    samples: PositiveInt = Field(128, description="action sequences per planner iteration")
-    iterations: PositiveInt = Field(4, description="planner iterations per replanning")
-    elites: PositiveInt = Field(16, description="best sequences CEM refits to")
-    keep_elites: int = Field(0, ge=0, description="elites carried to the next iteration (iCEM)")
+    samples: PositiveInt = Field(300, description="action sequences per planner iteration")
+    iterations: PositiveInt = Field(10, description="planner iterations per replanning")
+    elites: PositiveInt = Field(30, description="best sequences CEM refits to")
+    keep_elites: int = Field(3, ge=0, description="elites carried to the next iteration (iCEM)")
     noise_beta: float = Field(
-        0.0, ge=0, description="colored sampling noise, 1/f^beta along time (0 white, iCEM 2)"
+        2.0, ge=0, description="colored sampling noise, 1/f^beta along time (0 white, iCEM 2)"
     )
     cost: Literal["terminal", "trajectory"] = Field(
-        "terminal", description="latent distance to the goal at the last or every planned block"
+        "trajectory",
+        description="latent distance to the goal at the last or every planned block",
     )
     replan_every: PositiveInt = Field(1, description="planned blocks executed before replanning")
     max_steps: PositiveInt | None = Field(

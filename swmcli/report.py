@@ -92,15 +92,19 @@ def progress(description: str, total: int | None) -> Iterator[Callable[..., None
 
 @contextmanager
 def _plain_progress(console, description: str, total: int | None):
-    """Plain progress lines for a non-terminal stderr: ``train 120/2000 (6%) 11.2/s ETA 2m48s``."""
+    """Plain progress lines for a non-terminal stderr: ``train 120/2000 (6%) 11.2/s ETA 2m48s``.
+
+    The rate is the one since the previous line, so a slow start (compilation, first batch)
+    does not inflate the ETA for the rest of the run.
+    """
     import time
 
-    start = last_time = time.monotonic()
+    last_time = time.monotonic()
     done = last_done = 0
     text = ""
 
     def line(now: float) -> str:
-        rate = done / max(now - start, 1e-9)
+        rate = (done - last_done) / max(now - last_time, 1e-9)
         count = f"{done}/{total} ({100 * done / total:.0f}%)" if total else str(done)
         eta = ""
         if total and rate > 0:
