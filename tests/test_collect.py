@@ -156,3 +156,32 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.startswith("collect ")]
     assert lines and lines[-1].startswith("collect 60/60 (100%)")
     assert "/s" in lines[-1]
+
+
+@pytest.mark.parametrize("name", ["race.lance", "race.h5", "race"])
+def test_two_collects_at_once_one_writes_the_other_is_refused(tmp_path, name):
+    out = tmp_path / name
+    fmt = ["--format", "folder"] if name == "race" else []
+    command = ["collect", "--preset", "tiny", "--out", str(out), "--episodes", "10", *fmt]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "swmcli", *command, "--seed", str(seed)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
+    errors = [proc.communicate(timeout=120)[1] for proc in procs]
+    codes = [proc.returncode for proc in procs]
+    # Usually they overlap and one is refused at once; if one finished first, the other appends.
+    assert 0 in codes
+    for code, err, other in zip(codes, errors, reversed(procs), strict=True):
+        assert code in (0, 1), err
+        if code == 1:
+            assert f"being written by process {other.pid}" in err and "Traceback" not in err
+    reader = open_reader(out)
+    assert reader.num_episodes == 10 * codes.count(0)
+    for index in range(reader.num_episodes):  # every episode whole: no frames of the other
+        episode = reader.read_episode(index)
+        assert len(episode["action"]) == reader.episode_lengths[index]
+        assert np.isnan(episode["action"][-1]).all() and not np.isnan(episode["action"][:-1]).any()

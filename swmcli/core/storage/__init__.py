@@ -121,9 +121,54 @@ def open_writer(
     """A writer for ``path``: ``mode`` "append" continues the dataset, "overwrite" replaces it,
     "error" refuses an existing path. ``metadata`` holds env_id, resolution and action_dim.
     """
+    from swmcli.core.storage.lock import WriterLock
+
     path = Path(path)
     if mode not in MODES:
         raise UsageError(f"unknown write mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
+    lock = WriterLock(path)  # before anything is touched: a second writer is refused here
+    try:
+        writer = _open_locked(path, format, mode, metadata)
+    except BaseException:
+        lock.release()
+        raise
+    return LockedWriter(writer, lock)
+
+
+class LockedWriter:
+    """A format's writer holding the dataset's writer lock until it is closed."""
+
+    def __init__(self, writer: Writer, lock):
+        self._writer, self._lock = writer, lock
+        self.format = writer.format
+
+    @property
+    def num_episodes(self) -> int:
+        return self._writer.num_episodes
+
+    @property
+    def num_steps(self) -> int:
+        return self._writer.num_steps
+
+    def write_episode(self, episode: Mapping[str, np.ndarray]) -> int:
+        """Append one episode atomically; returns its episode_idx."""
+        return self._writer.write_episode(episode)
+
+    def close(self) -> None:
+        """Finish the dataset, then let the next writer in."""
+        try:
+            self._writer.close()
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> "LockedWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _open_locked(path: Path, format: str | None, mode: str, metadata) -> Writer:
     if path.is_dir() and not any(path.iterdir()):
         path.rmdir()  # an empty directory made ahead of time holds no dataset: start afresh
     fmt = resolve_format(path, format)

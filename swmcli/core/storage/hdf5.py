@@ -12,10 +12,9 @@ Episode-atomic writes use HDF5's single-writer/multiple-reader mode (SWMR): meta
 file in an order that keeps it readable at every instant. An episode's rows are written and
 flushed first; its entry in ``episode_lengths`` comes last and is the commit. A reader trusts only
 committed episodes. A writer killed mid-run leaves the superblock's "open for write" flag set;
-appending clears it (what ``h5clear -s`` does) once no process holds the file.
+appending clears it (what ``h5clear -s`` does) under the dataset's writer lock.
 """
 
-import fcntl
 import json
 import struct
 import zlib
@@ -56,6 +55,9 @@ def _open(path: Path, mode: str, **kwargs):
             mode,
             rdcc_nbytes=_CHUNK_CACHE_BYTES,
             rdcc_nslots=_CHUNK_CACHE_SLOTS,
+            # swm's own writer lock keeps writers apart; HDF5's flock would let a reader
+            # block a writer (and a writer's reopen fail while anything reads).
+            locking=False,
             **kwargs,
         )
     except OSError as error:
@@ -260,7 +262,6 @@ class Hdf5Writer:
         self.path = Path(path)
         self._user_metadata = metadata
         self._file = None
-        self._lock = None
         self.schema = None
         self.num_episodes = 0
         self.num_steps = 0
@@ -282,7 +283,6 @@ class Hdf5Writer:
             self._file[name].resize(self.num_episodes, axis=0)
         self._file.flush()
         self._file.swmr_mode = True
-        self._lock = _hold_writer_lock(self.path)
 
     def _create(self, episode) -> None:
         self.schema = episode_schema(episode)
@@ -308,7 +308,6 @@ class Hdf5Writer:
         file.flush()
         file.swmr_mode = True
         self._file = file
-        self._lock = _hold_writer_lock(self.path)
 
     def write_episode(self, episode) -> int:
         """Append one episode; its ``episode_lengths`` entry, written last, commits it."""
@@ -344,9 +343,6 @@ class Hdf5Writer:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
 
     def __enter__(self) -> "Hdf5Writer":
         return self
@@ -394,50 +390,21 @@ def _lookup3(data: bytes) -> int:
     return c
 
 
-def _hold_writer_lock(path: Path):
-    """A POSIX record lock held for the writer's lifetime (released by the kernel if it dies).
-
-    HDF5 drops its own ``flock`` once SWMR writing starts, so this is what tells a live writer
-    from a killed one; POSIX locks and ``flock`` do not interfere on Linux.
-    """
-    handle = path.open("r+b")
-    try:
-        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        handle.close()
-        raise DatasetError(
-            f"{path} is open for writing by another process",
-            hint="wait for that process to finish, or write to another path",
-        ) from error
-    return handle
-
-
 def _clear_open_flag(path: Path) -> None:
     """Clear the superblock's open-for-write flags left by a killed writer (``h5clear -s``).
 
-    Only when no process holds the file: no swm writer's record lock, no HDF5 ``flock``.
+    Safe because this process holds the dataset's writer lock: no other swm writer is alive.
     """
-    _hold_writer_lock(path).close()
     with path.open("r+b") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            raise DatasetError(
-                f"{path} is open for writing by another process",
-                hint="wait for that process to finish, or write to another path",
-            ) from error
-        try:
-            head = handle.read(64)
-            version, offset_size = head[8], head[9]
-            if head[:8] != b"\x89HDF\r\n\x1a\n" or version < 2 or head[11] == 0:
-                return  # older superblocks have no flags; flags already clear
-            end = 12 + 4 * offset_size
-            patched = head[:11] + b"\0" + head[12:end]
-            handle.seek(0)
-            handle.write(patched + _lookup3(patched).to_bytes(4, "little"))
-            handle.flush()
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        head = handle.read(64)
+        version, offset_size = head[8], head[9]
+        if head[:8] != b"\x89HDF\r\n\x1a\n" or version < 2 or head[11] == 0:
+            return  # older superblocks have no flags; flags already clear
+        end = 12 + 4 * offset_size
+        patched = head[:11] + b"\0" + head[12:end]
+        handle.seek(0)
+        handle.write(patched + _lookup3(patched).to_bytes(4, "little"))
+        handle.flush()
 
 
 def open_reader(path: Path) -> Hdf5Reader:

@@ -34,6 +34,7 @@ from swmcli.core.storage import (
     schema_from_json,
     take_rows,
 )
+from swmcli.core.storage.lock import ReaderLock, no_readers
 from swmcli.errors import DatasetError, UsageError, first_line
 
 COMPACT_EVERY = 64
@@ -119,14 +120,18 @@ class LanceReader:
 
         self.path = Path(path)
         _mark_opened()
+        # Held while open: a writer deletes no file this reader's version may still use.
+        self._lock = ReaderLock(self.path)
         try:
             self._dataset = lance.dataset(str(self.path))
             raw = (self._dataset.schema.metadata or {}).get(b"swm")
         except Exception as error:
+            self.close()
             raise DatasetError(
                 f"cannot open Lance dataset {self.path}: {first_line(error)}", _DAMAGED_HINT
             ) from error
         if raw is None:
+            self.close()
             raise DatasetError(
                 f"{self.path} is a Lance dataset but was not written by swm (no swm metadata)",
                 hint="write it with swmcli.open_writer or `swm collect`",
@@ -226,6 +231,7 @@ class LanceReader:
 
     def close(self) -> None:
         self._dataset = None
+        self._lock.release()
 
 
 def _lengths_from_ids(ids: np.ndarray, where: Path) -> np.ndarray:
@@ -254,6 +260,7 @@ class LanceWriter:
         self._uncompacted = 0
         if append:
             self._resume()
+            self._cleanup()  # versions a killed writer left behind
 
     def _resume(self) -> None:
         reader = LanceReader(self.path)
@@ -290,11 +297,11 @@ class LanceWriter:
         self.num_episodes += 1
         self._uncompacted += 1
         if self._uncompacted >= COMPACT_EVERY:
-            self.compact(cleanup=False)
+            self.compact()
         return self.num_episodes - 1
 
-    def compact(self, cleanup: bool) -> None:
-        """Merge small fragments (one commit); ``cleanup`` also deletes superseded files."""
+    def compact(self) -> None:
+        """Merge small fragments (one commit), then delete superseded files if no one reads."""
         import lance
 
         self._uncompacted = 0
@@ -305,14 +312,25 @@ class LanceWriter:
         target = max(1024, _FRAGMENT_BYTES // max(row_bytes, 1))
         if len(dataset.get_fragments()) > 1:
             dataset.optimize.compact_files(target_rows_per_fragment=target)
-        if cleanup:
-            # Old versions only hold files that compaction replaced: reclaim the disk.
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        """Delete old versions' files (only compaction's leftovers), unless a reader is open: its
+        version may still use them. Disk use is then bounded by the next compaction's cleanup."""
+        import lance
+
+        hold = no_readers(self.path)
+        if hold is None:
+            return
+        try:
             lance.dataset(str(self.path)).cleanup_old_versions(older_than=timedelta(0))
+        finally:
+            hold.close()
 
     def close(self) -> None:
         """Compact what is left and free superseded files."""
         if self._uncompacted:
-            self.compact(cleanup=True)
+            self.compact()
 
     def __enter__(self) -> "LanceWriter":
         return self
