@@ -288,3 +288,31 @@ def test_every_bad_argument_of_load_dataset_is_a_value_error(tmp_path):
         with pytest.raises(kind) as caught:
             call()
         assert isinstance(caught.value, ValueError), caught.value
+
+
+CHILD_DIES = """
+import os, signal, sys
+from swmcli.core import data
+from swmcli.errors import DatasetError
+
+data._describe = lambda path, cache_dir: os.kill(os.getpid(), signal.SIGKILL)
+try:
+    data.load_dataset(sys.argv[1])
+except DatasetError as error:
+    print(error.message)
+"""
+
+
+def test_an_indexing_child_that_dies_is_an_error_not_a_hang(tmp_path):
+    path = tmp_path / "d.lance"
+    write_dataset(path, lengths=(20,))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD_DIES, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "its process died (exit code -9)" in done.stdout
