@@ -15,6 +15,7 @@ committed episodes. A writer killed mid-run leaves the superblock's "open for wr
 appending clears it (what ``h5clear -s`` does) under the dataset's writer lock.
 """
 
+import functools
 import json
 import struct
 import zlib
@@ -43,6 +44,7 @@ _CHUNK_CACHE_SLOTS = 100_003  # a prime well above the chunks that fit the cache
 _SMALL_CHUNK_ROWS = 4096
 H5Z_DEFLATE = 1  # HDF5's filter ids: gzip, built into every HDF5
 H5Z_LZ4 = 32004  # LZ4, registered with the HDF Group (read with `hdf5plugin` or its plugin)
+_READ_ATTEMPTS = 28  # sleeps of 1, 2, 4, ... ns: at most 2**28 ns (0.27 s) in all
 _DAMAGED_HINT = "the file is damaged or truncated: restore it or collect again"
 
 
@@ -65,6 +67,44 @@ def _open(path: Path, mode: str, **kwargs):
         # Reading, the file is the problem; creating, the place it goes is.
         hint = _DAMAGED_HINT if mode in ("r", "r+", "a") else "check that --out is writable"
         raise DatasetError(message, hint) from error
+
+
+def _open_to_read(path: Path):
+    """Open for SWMR reading with HDF5's metadata retries bounded.
+
+    A SWMR reader retries a metadata read whose checksum fails (a writer may be mid-update),
+    sleeping twice as long each time, 100 times by default: on a damaged file, a hang that
+    ignores signals. ``_READ_ATTEMPTS`` retries end in about a quarter of a second.
+    h5py does not expose the setting: it is set on the file-access list through the HDF5
+    library h5py loaded.
+    """
+    import h5py
+    from h5py._hl.files import make_fapl
+
+    fapl = make_fapl(
+        None, rdcc_nslots=_CHUNK_CACHE_SLOTS, rdcc_nbytes=_CHUNK_CACHE_BYTES, locking=False
+    )
+    _hdf5_library().H5Pset_metadata_read_attempts(fapl.id, _READ_ATTEMPTS)
+    flags = h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ
+    try:
+        return h5py.File(h5py.h5f.open(str(path).encode(), flags, fapl=fapl))
+    except OSError as error:
+        message = f"cannot open HDF5 file {path}: {first_line(error)}"
+        raise DatasetError(message, _DAMAGED_HINT) from error
+
+
+@functools.cache
+def _hdf5_library():
+    """The HDF5 shared library this process loaded (h5py's), for the one call h5py lacks."""
+    import ctypes
+
+    import h5py  # noqa: F401 - loads the library
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "/libhdf5" in line and "_hl" not in line}
+    library = ctypes.CDLL(paths.pop())
+    library.H5Pset_metadata_read_attempts.argtypes = [ctypes.c_int64, ctypes.c_uint]
+    return library
 
 
 def _check_length(path: Path) -> None:
@@ -100,17 +140,20 @@ class Hdf5Reader:
 
         self.path = Path(path)
         _check_length(self.path)
-        self._file = _open(self.path, "r", swmr=True)
-        raw = self._file.attrs.get("swm")
-        if raw is None:
+        self._file = _open_to_read(self.path)
+        try:
+            raw = self._guard(lambda: self._file.attrs.get("swm"))
+            if raw is None:
+                raise DatasetError(
+                    f"{self.path} is an HDF5 file but was not written by swm (no swm metadata)",
+                    hint="write it with swmcli.open_writer or `swm collect`",
+                )
+            self.metadata = self._guard(lambda: json.loads(raw))
+            self.keys = self._guard(lambda: schema_from_json(self.metadata["keys"]))
+            self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
+        except BaseException:
             self._file.close()
-            raise DatasetError(
-                f"{self.path} is an HDF5 file but was not written by swm (no swm metadata)",
-                hint="write it with swmcli.open_writer or `swm collect`",
-            )
-        self.metadata = json.loads(raw)
-        self.keys = schema_from_json(self.metadata["keys"])
-        self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
+            raise
         self.episode_offsets = offsets_from_lengths(self.episode_lengths)
         self.num_episodes = len(self.episode_lengths)
         self.num_steps = int(self.episode_lengths.sum())
@@ -123,7 +166,7 @@ class Hdf5Reader:
     def _guard(self, read):
         try:
             return read()
-        except (OSError, ValueError, KeyError) as error:
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
             raise DatasetError(
                 f"cannot read {self.path}: {first_line(error)}", _DAMAGED_HINT
             ) from error
@@ -243,7 +286,7 @@ def _committed_lengths(file, keys, where: Path) -> np.ndarray:
     try:
         lengths = file["episode_lengths"][:].astype(np.int64)
         rows = min(file[k].shape[0] for k in keys) if keys else 0
-    except (OSError, KeyError) as error:
+    except (OSError, KeyError, ValueError, RuntimeError) as error:
         raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
     # A kill between resize and write leaves a zero entry: it was never committed.
     committed = int(np.argmin(lengths > 0)) if np.any(lengths <= 0) else len(lengths)
