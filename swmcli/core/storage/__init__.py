@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from swmcli.errors import MissingKeyError, MissingPathError, UsageError
+from swmcli.core.storage.checksums import CHECKSUM_COLUMN
+from swmcli.errors import DatasetError, MissingKeyError, MissingPathError, UsageError
 
 FORMATS = ("lance", "hdf5", "folder")
 MODES = ("append", "overwrite", "error")
@@ -209,7 +210,7 @@ def episode_schema(episode: Mapping[str, np.ndarray]) -> Schema:
             f"episode arrays must share a non-zero first dimension, got {lengths}",
             hint="every key holds one row per step",
         )
-    for key in INDEX_COLUMNS:
+    for key in (*INDEX_COLUMNS, CHECKSUM_COLUMN):
         if key in episode:
             raise UsageError(f"episode key {key!r} is reserved", hint="the writer adds it")
     return {key: (np.asarray(v).dtype, tuple(np.shape(v)[1:])) for key, v in episode.items()}
@@ -334,6 +335,19 @@ def take_rows(values: np.ndarray, index: np.ndarray | None, out: np.ndarray | No
     else:
         np.take(values, index, axis=0, out=out)
     return out
+
+
+def check_index(lengths: np.ndarray, episode_ids, step_ids, where, hint: str) -> None:
+    """The cheap structural check on open: every row's ``episode_idx`` and ``step_idx`` agree
+    with the episode lengths (a damaged index is an error, never a silent merge of episodes)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    offsets = offsets_from_lengths(lengths)
+    expected_ids = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    expected_steps = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(offsets, lengths)
+    if len(episode_ids) != len(expected_ids) or np.any(episode_ids != expected_ids):
+        raise DatasetError(f"{where}: episode_idx does not match the episode index", hint)
+    if len(step_ids) != len(expected_steps) or np.any(step_ids != expected_steps):
+        raise DatasetError(f"{where}: step_idx does not count the steps of each episode", hint)
 
 
 def rows_by_episode(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -25,6 +25,7 @@ from swmcli.core.storage import (
     open_writer,
     resolve_format,
 )
+from swmcli.core.storage.checksums import check_episode
 from swmcli.errors import DatasetError, UsageError
 
 
@@ -71,6 +72,7 @@ def _copy_episodes(reader, writer, keys: list[str], on_episode) -> dict[str, str
     digests = {key: hashlib.blake2b(digest_size=16) for key in keys}
     for index in range(reader.num_episodes):
         episode = reader.read_episode(index, keys)
+        check_episode(reader, index, episode)  # the copy's checksums are then the source's
         for key in keys:
             digests[key].update(np.ascontiguousarray(episode[key]).data)
         writer.write_episode(episode)

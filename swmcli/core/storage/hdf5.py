@@ -26,6 +26,7 @@ import numpy as np
 from swmcli.core.storage import (
     INDEX_COLUMNS,
     build_metadata,
+    check_index,
     check_keys,
     check_metadata,
     check_schema,
@@ -34,6 +35,7 @@ from swmcli.core.storage import (
     offsets_from_lengths,
     schema_from_json,
 )
+from swmcli.core.storage.checksums import CHECKSUM_COLUMN, row_checksums
 from swmcli.errors import DatasetError, first_line
 
 PIXEL_ENCODING = "raw uint8, LZ4 (HDF5 filter 32004), one frame per chunk"
@@ -44,7 +46,7 @@ _CHUNK_CACHE_SLOTS = 100_003  # a prime well above the chunks that fit the cache
 _SMALL_CHUNK_ROWS = 4096
 H5Z_DEFLATE = 1  # HDF5's filter ids: gzip, built into every HDF5
 H5Z_LZ4 = 32004  # LZ4, registered with the HDF Group (read with `hdf5plugin` or its plugin)
-_READ_ATTEMPTS = 28  # sleeps of 1, 2, 4, ... ns: at most 2**28 ns (0.27 s) in all
+_READ_ATTEMPTS = 25  # sleeps of 1, 2, 4, ... ns: at most 2**25 ns (34 ms) in all
 _DAMAGED_HINT = "the file is damaged or truncated: restore it or collect again"
 
 
@@ -74,7 +76,7 @@ def _open_to_read(path: Path):
 
     A SWMR reader retries a metadata read whose checksum fails (a writer may be mid-update),
     sleeping twice as long each time, 100 times by default: on a damaged file, a hang that
-    ignores signals. ``_READ_ATTEMPTS`` retries end in about a quarter of a second.
+    ignores signals. ``_READ_ATTEMPTS`` retries end within 34 ms.
     h5py does not expose the setting: it is set on the file-access list through the HDF5
     library h5py loaded.
     """
@@ -151,6 +153,7 @@ class Hdf5Reader:
             self.metadata = self._guard(lambda: json.loads(raw))
             self.keys = self._guard(lambda: schema_from_json(self.metadata["keys"]))
             self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
+            self._check_index()
         except BaseException:
             self._file.close()
             raise
@@ -158,6 +161,16 @@ class Hdf5Reader:
         self.num_episodes = len(self.episode_lengths)
         self.num_steps = int(self.episode_lengths.sum())
         self.index_token = None  # the index lives in the file: nothing to cache
+
+    def _check_index(self) -> None:
+        rows = int(self.episode_lengths.sum())
+        episodes = len(self.episode_lengths)
+        offsets = self._guard(lambda: self._file["episode_offsets"][:episodes]) if episodes else []
+        if np.any(np.asarray(offsets) != offsets_from_lengths(self.episode_lengths)):
+            raise DatasetError(f"{self.path}: episode_offsets do not match", _DAMAGED_HINT)
+        ids = self._guard(lambda: self._file["episode_idx"][:rows]) if rows else []
+        steps = self._guard(lambda: self._file["step_idx"][:rows]) if rows else []
+        check_index(self.episode_lengths, ids, steps, self.path, _DAMAGED_HINT)
 
     @property
     def nbytes_on_disk(self) -> int:
@@ -198,6 +211,14 @@ class Hdf5Reader:
             else:
                 episode[key] = self._guard(lambda key=key: self._file[key][start:stop])
         return episode
+
+    def read_checksums(self, index: int) -> np.ndarray | None:
+        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
+        if CHECKSUM_COLUMN not in self._file:
+            return None
+        start = int(self.episode_offsets[index])
+        stop = start + int(self.episode_lengths[index])
+        return self._guard(lambda: self._file[CHECKSUM_COLUMN][start:stop])
 
     def close(self) -> None:
         self._file.close()
@@ -320,8 +341,9 @@ class Hdf5Writer:
         self._file = _open(self.path, "r+", libver=_LIBVER)
         self.num_episodes, self.num_steps = len(lengths), int(lengths.sum())
         # Drop rows of an episode cut short by a kill: appending starts where the last commit ended.
-        for name in (*INDEX_COLUMNS, *self.schema):
-            self._file[name].resize(self.num_steps, axis=0)
+        for name in (*INDEX_COLUMNS, *self.schema, CHECKSUM_COLUMN):
+            if name in self._file:  # files from before checksums have none
+                self._file[name].resize(self.num_steps, axis=0)
         for name in ("episode_offsets", "episode_lengths"):
             self._file[name].resize(self.num_episodes, axis=0)
         self._file.flush()
@@ -332,7 +354,11 @@ class Hdf5Writer:
         meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
         file = _open(self.path, "w", libver=_LIBVER)
         file.attrs["swm"] = json.dumps(meta)
-        columns = {"episode_idx": (np.dtype(np.int64), ()), "step_idx": (np.dtype(np.int32), ())}
+        columns = {
+            "episode_idx": (np.dtype(np.int64), ()),
+            "step_idx": (np.dtype(np.int32), ()),
+            CHECKSUM_COLUMN: (np.dtype(np.uint32), (len(self.schema),)),
+        }
         for name, (dtype, shape) in {**columns, **self.schema}.items():
             # Frames: LZ4, one per chunk (written here, so no HDF5 plugin is needed to write).
             codec = {"compression": H5Z_LZ4, "allow_unknown_filter": True}
@@ -364,6 +390,8 @@ class Hdf5Writer:
             "step_idx": np.arange(length, dtype=np.int32),
             **episode,
         }
+        if CHECKSUM_COLUMN in self._file:
+            values[CHECKSUM_COLUMN] = row_checksums(episode, list(self.schema))
         for name, array in values.items():
             dataset = self._file[name]
             dataset.resize(stop, axis=0)

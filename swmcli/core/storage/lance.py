@@ -24,6 +24,7 @@ import numpy as np
 
 from swmcli.core.storage import (
     build_metadata,
+    check_index,
     check_keys,
     check_metadata,
     check_schema,
@@ -34,6 +35,7 @@ from swmcli.core.storage import (
     schema_from_json,
     take_rows,
 )
+from swmcli.core.storage.checksums import CHECKSUM_COLUMN, row_checksums
 from swmcli.core.storage.lock import ReaderLock, no_readers
 from swmcli.errors import DatasetError, UsageError, first_line
 
@@ -78,6 +80,7 @@ def _arrow_schema(schema, metadata: dict):
             fields.append(pa.field(key, pa.list_(item, int(np.prod(shape)))))
         else:
             fields.append(pa.field(key, pa.from_numpy_dtype(dtype)))
+    fields.append(pa.field(CHECKSUM_COLUMN, pa.list_(pa.uint32(), len(schema))))
     return pa.schema(fields, metadata={"swm": json.dumps(metadata)})
 
 
@@ -161,8 +164,12 @@ class LanceReader:
     def episode_lengths(self) -> np.ndarray:
         """Rows of each episode (scans the small ``episode_idx`` column once)."""
         if self._lengths is None:
-            table = self._guard(lambda: self._dataset.to_table(columns=["episode_idx"]))
-            self.set_episode_lengths(_lengths_from_ids(table.column(0).to_numpy(), self.path))
+            columns = ["episode_idx", "step_idx"]
+            table = self._guard(lambda: self._dataset.to_table(columns=columns))
+            ids, steps = (table.column(name).to_numpy() for name in columns)
+            lengths = _lengths_from_ids(ids, self.path)
+            check_index(lengths, ids, steps, self.path, _DAMAGED_HINT)
+            self.set_episode_lengths(lengths)
         return self._lengths
 
     def set_episode_lengths(self, lengths: np.ndarray) -> None:
@@ -225,9 +232,19 @@ class LanceReader:
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         """Episode ``index`` as ``{key: (length, ...)}`` (all keys unless ``keys`` is given)."""
         keys = check_keys(self.keys, keys, self.path)
-        start, length = int(self.episode_offsets[index]), int(self.episode_lengths[index])
-        table = self._take(np.arange(start, start + length, dtype=np.int64), keys)
+        table = self._take(self._episode_rows(index), keys)
         return {k: _from_arrow(table.column(k), *self.keys[k]).copy() for k in keys}
+
+    def _episode_rows(self, index: int) -> np.ndarray:
+        start, length = int(self.episode_offsets[index]), int(self.episode_lengths[index])
+        return np.arange(start, start + length, dtype=np.int64)
+
+    def read_checksums(self, index: int) -> np.ndarray | None:
+        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
+        if CHECKSUM_COLUMN not in self._dataset.schema.names:
+            return None
+        column = self._take(self._episode_rows(index), [CHECKSUM_COLUMN]).column(0)
+        return _from_arrow(column, np.dtype(np.uint32), (len(self.keys),))
 
     def close(self) -> None:
         self._dataset = None
@@ -290,6 +307,9 @@ class LanceWriter:
             pa.array(np.arange(length, dtype=np.int32)),
             *(_to_arrow(np.asarray(episode[k]), shape) for k, (_, shape) in self.schema.items()),
         ]
+        if CHECKSUM_COLUMN in self._arrow.names:  # datasets from before checksums have none
+            sums = row_checksums(episode, list(self.schema))
+            columns.append(_to_arrow(sums, (len(self.schema),)))
         table = pa.Table.from_arrays(columns, schema=self._arrow)
         mode = "append" if (self.path / "_versions").is_dir() else "create"
         lance.write_dataset(table, str(self.path), mode=mode, data_storage_version=_STORAGE_VERSION)
