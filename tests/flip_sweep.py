@@ -1,6 +1,6 @@
 """Run by test_damage: flip one byte at each given offset of a copy of a dataset, then verify it.
 
-Prints one line per offset: ``OFFSET error MESSAGE`` (a clean DatasetError), ``OFFSET intact``
+Prints one line per offset: ``OFFSET error MESSAGE`` (a clean one-line SwmError), ``OFFSET intact``
 (verify passed and every episode reads back equal to the original), or ``OFFSET SILENT``
 (verify passed but the data differs). Dying or hanging is what the caller watches for.
 """
@@ -12,12 +12,17 @@ from pathlib import Path
 import numpy as np
 
 from swmcli.convert import run_info
-from swmcli.core.storage import iter_episodes
-from swmcli.errors import DatasetError
+from swmcli.core.storage import open_reader
+from swmcli.errors import SwmError
 
 
 def fingerprint(path: Path) -> list[bytes]:
-    return [b"".join(v.tobytes() for v in episode.values()) for episode in iter_episodes(path)]
+    reader = open_reader(path)
+    try:
+        episodes = (reader.read_episode(i) for i in range(reader.num_episodes))
+        return [b"".join(v.tobytes() for v in episode.values()) for episode in episodes]
+    finally:
+        reader.close()
 
 
 def main() -> None:
@@ -41,7 +46,7 @@ def main() -> None:
             run_info(copy, verify=True)
             same = fingerprint(copy) == original
             print("intact" if same else "SILENT", flush=True)
-        except DatasetError as error:
+        except SwmError as error:
             print("error", error.message.replace("\n", " ")[:200], flush=True)
 
 
