@@ -394,3 +394,39 @@ def test_folder_with_a_deleted_frame_is_a_clear_error(tmp_path):
     next(path.glob("episode_000001/pixels/*.png")).unlink()
     with pytest.raises(DatasetError, match="4 frames for 5 steps"):
         open_reader(path).episode_lengths  # noqa: B018 (the scan is the check)
+
+
+def test_a_full_disk_is_refused_before_the_episode_is_written(tmp_path, fmt, monkeypatch):
+    path = dataset_path(tmp_path, fmt)
+    write(path, [make_episode(0, 5)])
+    real = shutil.disk_usage
+    # Mounting a small filesystem needs privileges: the free space reported is made small.
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=10 * 2**20))
+    with open_writer(path) as writer, pytest.raises(DatasetError, match="free on the disk"):
+        writer.write_episode(make_episode(1, 5))
+    monkeypatch.undo()
+    reader = open_reader(path)
+    assert reader.num_episodes == 1
+    assert_same_episode(reader.read_episode(0), make_episode(0, 5))
+
+
+def test_what_a_failed_first_write_left_does_not_block_the_next(tmp_path):
+    (tmp_path / "empty.h5").touch()
+    (tmp_path / "half.lance" / "data").mkdir(parents=True)
+    (tmp_path / "half.lance" / "data" / "0001.lance").write_bytes(b"never committed")
+    (tmp_path / "nothing" / "episode_000000").mkdir(parents=True)
+    for name in ("empty.h5", "half.lance", "nothing"):
+        write(tmp_path / name, [make_episode(0, 5)])
+        assert open_reader(tmp_path / name).num_episodes == 1
+    (tmp_path / "notes.txt").write_text("a file of the user's")
+    with pytest.raises(ValueError, match="not a swm dataset"):
+        write(tmp_path / "notes.txt", [make_episode(0, 5)], fmt="hdf5")
+    assert (tmp_path / "notes.txt").read_text() == "a file of the user's"
+
+
+def test_a_path_with_a_colon_is_a_local_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("file:y.lance", "memory:x.lance"):
+        write(Path(name), [make_episode(0, 5)])
+        assert (tmp_path / name / "_versions").is_dir()
+        assert open_reader(Path(name)).num_episodes == 1

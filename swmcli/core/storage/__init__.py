@@ -141,6 +141,7 @@ class LockedWriter:
 
     def __init__(self, writer: Writer, lock):
         self._writer, self._lock = writer, lock
+        self._path = Path(writer.path)
         self.format = writer.format
 
     @property
@@ -152,7 +153,9 @@ class LockedWriter:
         return self._writer.num_steps
 
     def write_episode(self, episode: Mapping[str, np.ndarray]) -> int:
-        """Append one episode atomically; returns its episode_idx."""
+        """Append one episode atomically (refused first if the disk cannot hold it); returns
+        its episode_idx."""
+        check_free_space(self._path, sum(np.asarray(v).nbytes for v in episode.values()))
         return self._writer.write_episode(episode)
 
     def close(self) -> None:
@@ -170,8 +173,8 @@ class LockedWriter:
 
 
 def _open_locked(path: Path, format: str | None, mode: str, metadata) -> Writer:
-    if path.is_dir() and not any(path.iterdir()):
-        path.rmdir()  # an empty directory made ahead of time holds no dataset: start afresh
+    if _holds_no_episode(path):
+        remove_tree(path)  # an empty place, or what a failed first write left: start afresh
     fmt = resolve_format(path, format)
     append = False
     if path.exists():
@@ -189,6 +192,51 @@ def _open_locked(path: Path, format: str | None, mode: str, metadata) -> Writer:
             append = True
     path.parent.mkdir(parents=True, exist_ok=True)
     return _module(fmt).open_writer(path, dict(metadata or {}), append)
+
+
+# A write needs room for the episode (raw, before compression) twice over (Lance compaction
+# rewrites it) plus this much, so a full disk is refused before a write, never met inside one.
+FREE_SPACE_MARGIN_BYTES = 64 * 2**20
+
+
+def check_free_space(path: Path, episode_bytes: int) -> None:
+    """Refuse a write the disk holding ``path`` has no room for (one clear error, exit 1)."""
+    from swmcli.units import format_bytes
+
+    existing = path if path.exists() else path.parent
+    free = shutil.disk_usage(existing).free
+    needed = 2 * episode_bytes + FREE_SPACE_MARGIN_BYTES
+    if free < needed:
+        raise DatasetError(
+            f"only {format_bytes(free)} free on the disk of {path}; writing the next episode "
+            f"needs about {format_bytes(needed)}",
+            hint="free some disk space or write to another disk (--out); "
+            "every finished episode is kept",
+        )
+
+
+def _holds_no_episode(path: Path) -> bool:
+    """True for an empty file or directory tree, or a Lance directory with no commit (what a first
+    write that failed leaves behind): nothing there to keep. Called under the writer lock."""
+    if path.is_file():
+        return path.stat().st_size == 0
+    if not path.is_dir():
+        return False
+    if not any(p.is_file() and p.stat().st_size for p in path.rglob("*")):
+        return True
+    return not (path / "_versions").exists() and {p.name for p in path.iterdir()} <= {
+        "data",
+        "_transactions",
+        "_swm_readers.lock",
+    }
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a file or a directory tree (only ever called on paths swm itself made)."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
 
 
 def remove_dataset(path: Path) -> None:

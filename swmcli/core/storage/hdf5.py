@@ -15,6 +15,7 @@ committed episodes. A writer killed mid-run leaves the superblock's "open for wr
 appending clears it (what ``h5clear -s`` does) under the dataset's writer lock.
 """
 
+import contextlib
 import functools
 import json
 import struct
@@ -381,7 +382,22 @@ class Hdf5Writer:
     def write_episode(self, episode) -> int:
         """Append one episode; its ``episode_lengths`` entry, written last, commits it."""
         if self._file is None:
-            self._create(episode)
+            try:
+                self._create(episode)
+                return self._append(episode)
+            except BaseException:
+                self._discard()  # a first write that failed leaves no file to block the next
+                raise
+        return self._append(episode)
+
+    def _discard(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError, RuntimeError):  # the file goes anyway
+                self._file.close()
+            self._file = None
+        self.path.unlink(missing_ok=True)
+
+    def _append(self, episode) -> int:
         check_schema(self.schema, episode, self.path)
         length = len(next(iter(episode.values())))
         start, stop = self.num_steps, self.num_steps + length

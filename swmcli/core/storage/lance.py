@@ -54,6 +54,12 @@ def opened_in_this_process() -> bool:
     return _opened_by == os.getpid()
 
 
+def _local(path: Path) -> str:
+    """What Lance is given: an absolute path, so ``file:x`` or ``memory:x`` name a local
+    directory like any other (Lance would read a relative one as a URI)."""
+    return str(Path(path).absolute())
+
+
 def _mark_opened() -> None:
     """Note that this process uses Lance; refuse if it is a fork of a process that did already."""
     global _opened_by
@@ -126,7 +132,7 @@ class LanceReader:
         # Held while open: a writer deletes no file this reader's version may still use.
         self._lock = ReaderLock(self.path)
         try:
-            self._dataset = lance.dataset(str(self.path))
+            self._dataset = lance.dataset(_local(self.path))
             raw = (self._dataset.schema.metadata or {}).get(b"swm")
         except Exception as error:
             self.close()
@@ -312,7 +318,9 @@ class LanceWriter:
             columns.append(_to_arrow(sums, (len(self.schema),)))
         table = pa.Table.from_arrays(columns, schema=self._arrow)
         mode = "append" if (self.path / "_versions").is_dir() else "create"
-        lance.write_dataset(table, str(self.path), mode=mode, data_storage_version=_STORAGE_VERSION)
+        lance.write_dataset(
+            table, _local(self.path), mode=mode, data_storage_version=_STORAGE_VERSION
+        )
         self.num_steps += length
         self.num_episodes += 1
         self._uncompacted += 1
@@ -327,7 +335,7 @@ class LanceWriter:
         self._uncompacted = 0
         if not (self.path / "_versions").is_dir():
             return
-        dataset = lance.dataset(str(self.path))
+        dataset = lance.dataset(_local(self.path))
         row_bytes = sum(np.dtype(d).itemsize * int(np.prod(s)) for d, s in self.schema.values())
         target = max(1024, _FRAGMENT_BYTES // max(row_bytes, 1))
         if len(dataset.get_fragments()) > 1:
@@ -343,7 +351,10 @@ class LanceWriter:
         if hold is None:
             return
         try:
-            lance.dataset(str(self.path)).cleanup_old_versions(older_than=timedelta(0))
+            # Under the writer lock no other process writes: an unreferenced file is what a killed
+            # writer left half-written, and goes too.
+            dataset = lance.dataset(_local(self.path))
+            dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
         finally:
             hold.close()
 
