@@ -19,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-from swmcli.config import SwmConfig, load_run_config, save_config, with_settings
+from swmcli.config import CONFIG_FILE, SwmConfig, load_run_config, save_config, with_settings
 from swmcli.errors import SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, format_seconds, info, progress, warn
@@ -35,6 +35,7 @@ from swmcli.training import (
 from swmcli.units import format_bytes
 
 METRICS_FILE = "metrics.jsonl"
+DATA_FINGERPRINT_FILE = "data.json"
 LOSS_CURVE_FILE = "loss_curve.png"
 PASSES_WARNING = 50  # more passes than this over the training clips and the model memorises them
 
@@ -71,6 +72,11 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
             f"{run_dir} already holds a trained run",
             hint="pass --resume to continue it, or --out for a new run directory",
         )
+    elif run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / CONFIG_FILE).exists():
+        raise UsageError(
+            f"--out {run_dir} is a directory that is not a swm run; its files would be overwritten",
+            hint="pass a new or empty directory for the run",
+        )
     if cfg.online.enabled and cfg.online.record is not None:
         # `swm eval RUN_DIR` reads held-out episodes from the data the run recorded.
         cfg = with_settings(cfg, {"data.path": cfg.online.record})
@@ -78,6 +84,33 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
     cfg = with_settings(cfg, {"data.path": Path(cfg.data.path).resolve()})
     save_config(cfg, run_dir)
     return cfg
+
+
+def _check_data_fingerprint(run_dir: Path, lengths, resume: bool) -> None:
+    """Save what the run's data looked like; a resumed run refuses data that changed since (its
+    held-out split and batches would differ, and the result would no longer be bit-exact)."""
+    import hashlib
+
+    import numpy as np
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    fingerprint = {
+        "episodes": len(lengths),
+        "steps": int(lengths.sum()),
+        "episode_lengths_sha1": hashlib.sha1(lengths.tobytes()).hexdigest(),
+    }
+    path = run_dir / DATA_FINGERPRINT_FILE
+    if resume and path.is_file():
+        saved = json.loads(path.read_text())
+        if saved != fingerprint:
+            raise UsageError(
+                f"the dataset changed since {run_dir} started: {saved['episodes']} episodes "
+                f"({saved['steps']} steps) then, {fingerprint['episodes']} "
+                f"({fingerprint['steps']} steps) now",
+                hint="resume with the data it started with, or train a new run (--out)",
+            )
+        return
+    path.write_text(json.dumps(fingerprint) + "\n")
 
 
 def _loader(cfg: SwmConfig, dataset, first_step: int):
@@ -163,6 +196,8 @@ def run_train(
         args = model_args(cfg, data.metadata)
         needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
         info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
+        if not cfg.online.enabled:  # a stored dataset: resuming needs the same one
+            _check_data_fingerprint(run_dir, data.dataset.episode_lengths, resume)
     if data.loads:
         with monitor.phase("load into memory"):
             data.load()

@@ -308,3 +308,28 @@ def test_many_passes_warn_once_and_stay_in_json(tiny_data, tmp_path):
     assert len(warnings) == 1 and "passes over" in warnings[0]
     assert result.stderr.count("passes over") == 1
     assert "estimate: about" in result.stderr
+
+
+def test_refuses_an_out_directory_that_is_not_a_run(tiny_data, tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "metrics.jsonl").write_text("my own file\n")
+    with pytest.raises(UsageError, match="not a swm run"):
+        run_train(_cfg(tiny_data, notes, **{"train.steps": 2}), MemoryMonitor())
+    assert (notes / "metrics.jsonl").read_text() == "my own file\n"
+    assert sorted(p.name for p in notes.iterdir()) == ["metrics.jsonl"]
+
+
+def test_resume_refuses_data_that_changed_since_the_run_started(tmp_path):
+    data = tmp_path / "tiny.lance"
+    run_collect(
+        resolve_config("tiny", flags={"collect.out": data, "collect.episodes": 6}), MemoryMonitor()
+    )
+    run = tmp_path / "run"
+    run_train(_cfg(data, run, **{"train.steps": 2}), MemoryMonitor())
+    run_train(_cfg(data, run), MemoryMonitor(), resume=True, steps=3)  # same data: fine
+    more = resolve_config("tiny", flags={"collect.out": data, "collect.episodes": 2})
+    run_collect(more, MemoryMonitor())
+    with pytest.raises(UsageError, match=r"6 episodes .* then, 8 .* now"):
+        run_train(_cfg(data, run), MemoryMonitor(), resume=True, steps=4)
+    assert load_checkpoint(run)["step"] == 3
