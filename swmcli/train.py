@@ -9,7 +9,7 @@ The data is one of three (``_StoredData``, ``_OnlineData``): a dataset's trainin
 they fit the RAM budget (``core/source.py``), or episodes a policy collects into a capped buffer
 while the model trains (``online.py``).
 
-Reproducible: the clip order of every step is a function of (seed, step) (see ``clip_order``), the
+Reproducible: the clip order of every step is a function of (seed, step) (see ``ClipOrder``), the
 model init and SIGReg's random directions come from torch's seeded generator, and checkpoints
 carry that generator's state, so ``--resume`` continues with exactly the losses an uninterrupted
 run would have had, streamed or in memory (the two read the same clips).
@@ -24,8 +24,8 @@ from swmcli.errors import SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, format_seconds, info, progress, warn
 from swmcli.training import (
+    ClipOrder,
     build_model,
-    clip_order,
     learning_rate,
     model_args,
     model_bytes,
@@ -116,13 +116,13 @@ def _check_data_fingerprint(run_dir: Path, lengths, resume: bool) -> None:
 def _loader(cfg: SwmConfig, dataset, first_step: int):
     """A DataLoader yielding the batches of steps ``first_step .. train.steps-1`` in order.
 
-    The batches follow ``clip_order`` instead of shuffled epochs, so that a resumed run reads
+    The batches follow ``ClipOrder`` instead of shuffled epochs, so that a resumed run reads
     what an uninterrupted one would have.
     """
     from swmcli.core.data import make_loader
 
     per_step = cfg.train.batch_size * cfg.train.grad_accum
-    order = clip_order(dataset.num_clips, per_step, first_step, cfg.train.steps, cfg.train.seed)
+    order = ClipOrder(dataset.num_clips, per_step, first_step, cfg.train.steps, cfg.train.seed)
     return make_loader(
         dataset,
         cfg.train.batch_size,

@@ -20,7 +20,7 @@ from swmcli.core.memory import MemoryMonitor
 from swmcli.errors import CheckpointError, UsageError
 from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
 from swmcli.train import run_train
-from swmcli.training import clip_order, learning_rate
+from swmcli.training import ClipOrder, learning_rate
 
 ROOT = Path(__file__).parents[1]
 
@@ -162,6 +162,10 @@ def test_too_many_held_out_episodes_is_a_usage_error(tiny_data, tmp_path):
     cfg = _cfg(tiny_data, tmp_path / "run", **{"eval.heldout_episodes": 10})
     with pytest.raises(UsageError, match="held out"):
         run_train(cfg, MemoryMonitor())
+
+
+def clip_order(*args, seed: int) -> np.ndarray:
+    return np.array(list(ClipOrder(*args, seed)), dtype=np.int64)
 
 
 def test_clip_order_is_a_function_of_seed_and_step():
@@ -333,3 +337,10 @@ def test_resume_refuses_data_that_changed_since_the_run_started(tmp_path):
     with pytest.raises(UsageError, match=r"6 episodes .* then, 8 .* now"):
         run_train(_cfg(data, run), MemoryMonitor(), resume=True, steps=4)
     assert load_checkpoint(run)["step"] == 3
+
+
+def test_clip_order_holds_one_epoch_whatever_the_steps():
+    order = ClipOrder(10, 8, 0, 100_000_000_000, seed=0)
+    assert len(order) == 800_000_000_000
+    first = list(itertools.islice(order, 25))  # drawn lazily: nothing of size --steps exists
+    assert sorted(first[:10]) == list(range(10)) and sorted(first[10:20]) == list(range(10))

@@ -390,7 +390,10 @@ def make_loader(
     if not isinstance(dataset, ClipDataset):
         num_workers = 0
     generator = torch.Generator().manual_seed(seed)
-    clips = ClipSampler(dataset, shuffle, generator) if order is None else order.tolist()
+    if order is None:
+        clips = ClipSampler(dataset, shuffle, generator)
+    else:  # an array, or any sized iterable of clip indices (drawn lazily)
+        clips = order.tolist() if isinstance(order, np.ndarray) else order
     sampler = BatchSampler(clips, batch_size, drop_last)
     workers = {}
     if num_workers > 0:
