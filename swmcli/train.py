@@ -113,6 +113,18 @@ def _check_data_fingerprint(run_dir: Path, lengths, resume: bool) -> None:
     path.write_text(json.dumps(fingerprint) + "\n")
 
 
+def _refuse_infinite_actions(batches, data_path) -> None:
+    """An infinite action makes the loss NaN for good: stop with the reason instead. (NaN
+    actions are the end-of-episode padding and are read as 0.)"""
+    import torch
+
+    if any(torch.isinf(batch["action"]).any() for batch in batches):
+        raise SwmError(
+            f"{data_path} holds infinite actions: training on them would only produce NaN",
+            hint="fix or filter those episodes, or collect the data again",
+        )
+
+
 def _loader(cfg: SwmConfig, dataset, first_step: int):
     """A DataLoader yielding the batches of steps ``first_step .. train.steps-1`` in order.
 
@@ -376,6 +388,7 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) ->
             for step in steps:
                 began = time.perf_counter()
                 micro = [next(batches) for _ in range(cfg.train.grad_accum)]
+                _refuse_infinite_actions(micro, cfg.data.path)
                 last.update(_train_step(model, optimizer, micro, runner, step, cfg))
                 seconds = time.perf_counter() - began
                 if step > start:

@@ -17,7 +17,7 @@ from PIL import Image
 from swmcli.collect import run_collect
 from swmcli.config import load_run_config, resolve_config, with_settings
 from swmcli.core.memory import MemoryMonitor
-from swmcli.errors import CheckpointError, UsageError
+from swmcli.errors import CheckpointError, SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
 from swmcli.train import run_train
 from swmcli.training import ClipOrder, learning_rate
@@ -344,3 +344,24 @@ def test_clip_order_holds_one_epoch_whatever_the_steps():
     assert len(order) == 800_000_000_000
     first = list(itertools.islice(order, 25))  # drawn lazily: nothing of size --steps exists
     assert sorted(first[:10]) == list(range(10)) and sorted(first[10:20]) == list(range(10))
+
+
+def test_infinite_actions_stop_training_with_the_reason(tmp_path):
+    from swmcli.core.storage import open_reader, open_writer
+
+    data = tmp_path / "tiny.lance"
+    run_collect(
+        resolve_config("tiny", flags={"collect.out": data, "collect.episodes": 6}), MemoryMonitor()
+    )
+    reader = open_reader(data)
+    episodes = [reader.read_episode(i) for i in range(reader.num_episodes)]
+    metadata = {k: reader.metadata[k] for k in ("env_id", "resolution", "action_dim")}
+    reader.close()
+    for episode in episodes:
+        episode["action"][0] = np.inf
+    bad = tmp_path / "bad.lance"
+    with open_writer(bad, metadata=metadata) as writer:
+        for episode in episodes:
+            writer.write_episode(episode)
+    with pytest.raises(SwmError, match="infinite actions"):
+        run_train(_cfg(bad, tmp_path / "run", **{"train.steps": 3}), MemoryMonitor())
