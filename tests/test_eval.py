@@ -13,7 +13,7 @@ from swmcli.core.clips import heldout_split
 from swmcli.core.memory import MemoryMonitor
 from swmcli.core.runner import make_runner
 from swmcli.core.storage import open_reader
-from swmcli.errors import CheckpointError
+from swmcli.errors import CheckpointError, UsageError
 from swmcli.evaluate import load_model, open_loop_errors, run_eval
 from swmcli.planning import PlannerSettings, cem, plan_costs
 from swmcli.train import run_train
@@ -110,3 +110,19 @@ def test_missing_run_and_missing_checkpoint_are_clear_errors(tiny_run, tmp_path)
     (tmp_path / "config.json").write_text((tiny_run / "config.json").read_text())
     with pytest.raises(CheckpointError, match="no checkpoint"):
         run_eval(tmp_path, MemoryMonitor())
+
+
+def test_eval_refuses_data_replaced_at_another_resolution(tiny_run, tmp_path):
+    import json
+    import shutil
+
+    other = tmp_path / "other.lance"
+    flags = {"collect.out": other, "collect.episodes": 2, "env.resolution": 48}
+    run_collect(resolve_config("tiny", flags=flags), MemoryMonitor())
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    config = json.loads((run_dir / "config.json").read_text())
+    config["data"]["path"] = str(other)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match="trained on 32x32 frames"):
+        run_eval(run_dir, MemoryMonitor(), episodes=1)
