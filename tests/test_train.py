@@ -324,19 +324,19 @@ def test_refuses_an_out_directory_that_is_not_a_run(tiny_data, tmp_path):
     assert sorted(p.name for p in notes.iterdir()) == ["metrics.jsonl"]
 
 
-def test_resume_refuses_data_that_changed_since_the_run_started(tmp_path):
+def test_resume_refuses_data_that_changed_since_the_run_started(tiny_data, tmp_path):
+    import shutil
+
     data = tmp_path / "tiny.lance"
-    run_collect(
-        resolve_config("tiny", flags={"collect.out": data, "collect.episodes": 6}), MemoryMonitor()
-    )
+    shutil.copytree(tiny_data, data)
     run = tmp_path / "run"
     run_train(_cfg(data, run, **{"train.steps": 2}), MemoryMonitor())
-    run_train(_cfg(data, run), MemoryMonitor(), resume=True, steps=3)  # same data: fine
+    # (resuming on the same data: test_resume_trains_the_directory_it_is_given)
     more = resolve_config("tiny", flags={"collect.out": data, "collect.episodes": 2})
     run_collect(more, MemoryMonitor())
-    with pytest.raises(UsageError, match=r"6 episodes .* then, 8 .* now"):
+    with pytest.raises(UsageError, match=r"10 episodes .* then, 12 .* now"):
         run_train(_cfg(data, run), MemoryMonitor(), resume=True, steps=4)
-    assert load_checkpoint(run)["step"] == 3
+    assert load_checkpoint(run)["step"] == 2
 
 
 def test_clip_order_holds_one_epoch_whatever_the_steps():
@@ -346,14 +346,10 @@ def test_clip_order_holds_one_epoch_whatever_the_steps():
     assert sorted(first[:10]) == list(range(10)) and sorted(first[10:20]) == list(range(10))
 
 
-def test_infinite_actions_stop_training_with_the_reason(tmp_path):
+def test_infinite_actions_stop_training_with_the_reason(tiny_data, tmp_path):
     from swmcli.core.storage import open_reader, open_writer
 
-    data = tmp_path / "tiny.lance"
-    run_collect(
-        resolve_config("tiny", flags={"collect.out": data, "collect.episodes": 6}), MemoryMonitor()
-    )
-    reader = open_reader(data)
+    reader = open_reader(tiny_data)
     episodes = [reader.read_episode(i) for i in range(reader.num_episodes)]
     metadata = {k: reader.metadata[k] for k in ("env_id", "resolution", "action_dim")}
     reader.close()
