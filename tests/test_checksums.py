@@ -33,22 +33,22 @@ def test_checksums_are_written_and_carried_by_copy_dataset(tmp_path):
     assert run_info(tmp_path / "c", verify=True).fields["checksums"] is True
 
 
-def _damage_pixels(path: Path, episode: int) -> None:
-    """Change one pixel of ``episode`` behind swm's back (valid HDF5, wrong data)."""
+def _damage_reward(path: Path, episode: int) -> None:
+    """Change one reward of ``episode`` behind swm's back (valid HDF5, wrong data)."""
     with h5py.File(path, "r+") as file:
         start = int(file["episode_offsets"][episode])
-        file["pixels"][start + 1, 0, 0, 0] ^= 1
+        file["reward"][start + 1] += 1
 
 
 def test_verify_names_the_damaged_episode_and_convert_refuses_it(tmp_path):
     path = tmp_path / "d.h5"
     write(path, [make_episode(seed, 5, resolution=8) for seed in range(4)])
     assert run_info(path, verify=True).fields["verified_episodes"] == 4
-    _damage_pixels(path, 2)
+    _damage_reward(path, 2)
     assert run_info(path).fields["episodes"] == 4  # a plain info does not read the data
-    with pytest.raises(DatasetError, match=r"1 of 4 episodes are damaged: episode 2: .*pixels"):
+    with pytest.raises(DatasetError, match=r"1 of 4 episodes are damaged: episode 2: .*reward"):
         run_info(path, verify=True)
-    with pytest.raises(DatasetError, match=r"episode 2 is damaged \(checksum mismatch in pixels"):
+    with pytest.raises(DatasetError, match=r"episode 2 is damaged \(checksum mismatch in reward"):
         copy_dataset(path, tmp_path / "copy.lance")
     assert not (tmp_path / "copy.lance").exists()
 
