@@ -342,10 +342,14 @@ def convert(
     cls=_HelpInWords,
     epilog=_examples(
         "swm info data/tworoom.lance",
+        "swm info data/tworoom.h5 --verify",
     ),
 )
 def info(
     path: Annotated[Path, typer.Argument(help="a dataset (lance, hdf5 or folder)")],
+    verify: Annotated[
+        bool, typer.Option("--verify", help="read every episode against its checksums")
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Show a dataset: format, episodes, steps, keys with dtypes and shapes, bytes on disk."""
@@ -354,7 +358,7 @@ def info(
         from swmcli.convert import run_info
 
         with monitor.phase("inspect"):
-            return run_info(path)
+            return run_info(path, verify=verify)
 
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
 

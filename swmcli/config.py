@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 from swmcli.errors import CheckpointError, UsageError
 from swmcli.units import parse_size
 
+SEED_MAX = 2**32 - 1  # what numpy's legacy seeding and gymnasium accept everywhere
+
 CONFIG_FILE = "config.json"
 
 
@@ -60,7 +62,7 @@ class CollectConfig(Section):
         None,
         description="lance, hdf5 or folder; default: from the --out suffix, else lance",
     )
-    seed: int = Field(0, description="seed of the env resets and the policy")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the env resets and the policy")
 
 
 class DataConfig(Section):
@@ -147,7 +149,7 @@ class TrainConfig(Section):
     lr: float = Field(5e-4, gt=0, description="peak learning rate (warm-up, then cosine)")
     weight_decay: float = Field(0.05, ge=0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
-    seed: int = Field(0, description="seed of init, sampling and shuffling")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of init, sampling and shuffling")
     out: Path = Field(Path("runs/tworoom"), description="run directory")
     checkpoint_every: PositiveInt = Field(100, description="steps between atomic checkpoints")
     log_every: PositiveInt = Field(10, description="steps between metrics lines")
@@ -205,7 +207,7 @@ class EvalConfig(Section):
         "for the dataset protocol, env.max_episode_steps for random goals",
     )
     heldout_episodes: PositiveInt = Field(4, description="episodes kept out for prediction error")
-    seed: int = Field(1000, description="seed of the planning episodes")
+    seed: int = Field(1000, ge=0, le=SEED_MAX, description="seed of the planning episodes")
 
 
 def eval_budget(cfg: "SwmConfig") -> int:
@@ -276,6 +278,10 @@ def _read_config_file(path: Path) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
         kind = "JSON" if path.suffix == ".json" else "TOML"
         raise UsageError(f"{path} is not valid {kind}: {err}", hint="fix the file") from err
+    except RecursionError:
+        raise UsageError(
+            f"{path} is nested too deeply to be a config", hint="see presets/*.toml"
+        ) from None
     if not isinstance(tree, dict):
         raise UsageError(f"{path} does not hold a table of settings", hint="see presets/*.toml")
     return tree
@@ -285,7 +291,7 @@ def _parse_value(text: str) -> Any:
     """A --set value as TOML (numbers, booleans, lists, quoted strings), else the raw string."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return text
 
 

@@ -52,16 +52,19 @@ def _episode_count(path: str | Path) -> int:
         reader.close()
 
 
-def run_info(path: str | Path) -> CommandResult:
+def run_info(path: str | Path, verify: bool = False) -> CommandResult:
     """What ``swm info PATH`` shows: format, episodes, steps, bytes on disk and per step, the
-    metadata, and a table of keys with their per-row dtype and shape.
+    metadata, and a table of keys with their per-row dtype and shape. ``verify`` first reads
+    every episode against its checksums and fails naming the damaged ones.
     """
     import numpy as np
 
     from swmcli.core.storage import open_reader
+    from swmcli.core.storage.checksums import verify as verify_checksums
 
     reader = open_reader(Path(path))
     try:
+        verified = verify_checksums(reader) if verify else {}
         on_disk = reader.nbytes_on_disk
         steps = reader.num_steps
         fields = {
@@ -73,6 +76,7 @@ def run_info(path: str | Path) -> CommandResult:
             "per_step_bytes": on_disk // steps if steps else None,
         }
         fields.update({k: v for k, v in reader.metadata.items() if k != "keys"})
+        fields.update(verified)
         rows = [
             [key, np.dtype(dtype).name, list(shape), np.dtype(dtype).itemsize * int(np.prod(shape))]
             for key, (dtype, shape) in reader.keys.items()

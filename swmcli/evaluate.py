@@ -62,6 +62,7 @@ def run_eval(
     with monitor.phase("load"):
         model, state = load_model(run_dir, cfg, runner)
     shape = state["model_args"]
+    _check_data_fits_model(cfg, shape, run_dir)
     with runner.inference(model), monitor.phase("warm-up"):
         _warm_up(model, shape, runner)
     with runner.inference(model), monitor.phase("open-loop error"):
@@ -122,6 +123,26 @@ def load_model(run_dir: Path, cfg: SwmConfig, runner):
     model = build_world_model(cfg.model, **state["model_args"])
     restore_model(model, state, checkpoint_path(run_dir))
     return runner.prepare(model), state
+
+
+def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path) -> None:
+    """Refuse data whose frames or actions are not what the run was trained on (the dataset may
+    have been replaced since), before any step that would fail on the shapes."""
+    from swmcli.core.storage import open_reader
+
+    reader = open_reader(cfg.data.path)  # metadata only: no rows are read
+    try:
+        pixels = reader.keys["pixels"][1] if "pixels" in reader.keys else None
+        action = reader.keys["action"][1] if "action" in reader.keys else None
+    finally:
+        reader.close()
+    side, action_dim = shape["resolution"], shape["action_dim"]
+    if pixels is None or pixels[:2] != (side, side) or int(np.prod(action or (0,))) != action_dim:
+        raise UsageError(
+            f"{cfg.data.path} holds frames {pixels} and actions {action}; {run_dir} was trained "
+            f"on {side}x{side} frames and {action_dim} action values",
+            hint=f"restore the data the run was trained on (data.path in {run_dir}/config.json)",
+        )
 
 
 def _warm_up(model, shape: dict[str, int], runner) -> None:

@@ -250,9 +250,20 @@ def error(message: str, hint: str | None) -> None:
     from rich.markup import escape
 
     console = _stderr_console()
+    message, hint = _shorten(message), _shorten(hint) if hint else hint
     console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     if hint:
         console.print(f"[yellow]hint:[/yellow] {escape(hint)}", highlight=False, soft_wrap=True)
+
+
+_MESSAGE_CHARS = 500
+
+
+def _shorten(text: str) -> str:
+    """An error line stays a line: a huge path or value in it is cut, saying how much."""
+    if len(text) <= _MESSAGE_CHARS:
+        return text
+    return f"{text[:_MESSAGE_CHARS]}... ({len(text) - _MESSAGE_CHARS:,} more characters)"
 
 
 def warn(message: str) -> str:

@@ -9,7 +9,7 @@ The data is one of three (``_StoredData``, ``_OnlineData``): a dataset's trainin
 they fit the RAM budget (``core/source.py``), or episodes a policy collects into a capped buffer
 while the model trains (``online.py``).
 
-Reproducible: the clip order of every step is a function of (seed, step) (see ``clip_order``), the
+Reproducible: the clip order of every step is a function of (seed, step) (see ``ClipOrder``), the
 model init and SIGReg's random directions come from torch's seeded generator, and checkpoints
 carry that generator's state, so ``--resume`` continues with exactly the losses an uninterrupted
 run would have had, streamed or in memory (the two read the same clips).
@@ -19,13 +19,13 @@ import json
 import time
 from pathlib import Path
 
-from swmcli.config import SwmConfig, load_run_config, save_config, with_settings
+from swmcli.config import CONFIG_FILE, SwmConfig, load_run_config, save_config, with_settings
 from swmcli.errors import SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, format_seconds, info, progress, warn
 from swmcli.training import (
+    ClipOrder,
     build_model,
-    clip_order,
     learning_rate,
     model_args,
     model_bytes,
@@ -35,6 +35,7 @@ from swmcli.training import (
 from swmcli.units import format_bytes
 
 METRICS_FILE = "metrics.jsonl"
+DATA_FINGERPRINT_FILE = "data.json"
 LOSS_CURVE_FILE = "loss_curve.png"
 PASSES_WARNING = 50  # more passes than this over the training clips and the model memorises them
 
@@ -71,6 +72,11 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
             f"{run_dir} already holds a trained run",
             hint="pass --resume to continue it, or --out for a new run directory",
         )
+    elif run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / CONFIG_FILE).exists():
+        raise UsageError(
+            f"--out {run_dir} is a directory that is not a swm run; its files would be overwritten",
+            hint="pass a new or empty directory for the run",
+        )
     if cfg.online.enabled and cfg.online.record is not None:
         # `swm eval RUN_DIR` reads held-out episodes from the data the run recorded.
         cfg = with_settings(cfg, {"data.path": cfg.online.record})
@@ -80,16 +86,55 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
     return cfg
 
 
+def _check_data_fingerprint(run_dir: Path, lengths, resume: bool) -> None:
+    """Save what the run's data looked like; a resumed run refuses data that changed since (its
+    held-out split and batches would differ, and the result would no longer be bit-exact)."""
+    import hashlib
+
+    import numpy as np
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    fingerprint = {
+        "episodes": len(lengths),
+        "steps": int(lengths.sum()),
+        "episode_lengths_sha1": hashlib.sha1(lengths.tobytes()).hexdigest(),
+    }
+    path = run_dir / DATA_FINGERPRINT_FILE
+    if resume and path.is_file():
+        saved = json.loads(path.read_text())
+        if saved != fingerprint:
+            raise UsageError(
+                f"the dataset changed since {run_dir} started: {saved['episodes']} episodes "
+                f"({saved['steps']} steps) then, {fingerprint['episodes']} "
+                f"({fingerprint['steps']} steps) now",
+                hint="resume with the data it started with, or train a new run (--out)",
+            )
+        return
+    path.write_text(json.dumps(fingerprint) + "\n")
+
+
+def _refuse_infinite_actions(batches, data_path) -> None:
+    """An infinite action makes the loss NaN for good: stop with the reason instead. (NaN
+    actions are the end-of-episode padding and are read as 0.)"""
+    import torch
+
+    if any(torch.isinf(batch["action"]).any() for batch in batches):
+        raise SwmError(
+            f"{data_path} holds infinite actions: training on them would only produce NaN",
+            hint="fix or filter those episodes, or collect the data again",
+        )
+
+
 def _loader(cfg: SwmConfig, dataset, first_step: int):
     """A DataLoader yielding the batches of steps ``first_step .. train.steps-1`` in order.
 
-    The batches follow ``clip_order`` instead of shuffled epochs, so that a resumed run reads
+    The batches follow ``ClipOrder`` instead of shuffled epochs, so that a resumed run reads
     what an uninterrupted one would have.
     """
     from swmcli.core.data import make_loader
 
     per_step = cfg.train.batch_size * cfg.train.grad_accum
-    order = clip_order(dataset.num_clips, per_step, first_step, cfg.train.steps, cfg.train.seed)
+    order = ClipOrder(dataset.num_clips, per_step, first_step, cfg.train.steps, cfg.train.seed)
     return make_loader(
         dataset,
         cfg.train.batch_size,
@@ -163,6 +208,8 @@ def run_train(
         args = model_args(cfg, data.metadata)
         needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
         info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
+        if not cfg.online.enabled:  # a stored dataset: resuming needs the same one
+            _check_data_fingerprint(run_dir, data.dataset.episode_lengths, resume)
     if data.loads:
         with monitor.phase("load into memory"):
             data.load()
@@ -341,6 +388,7 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) ->
             for step in steps:
                 began = time.perf_counter()
                 micro = [next(batches) for _ in range(cfg.train.grad_accum)]
+                _refuse_infinite_actions(micro, cfg.data.path)
                 last.update(_train_step(model, optimizer, micro, runner, step, cfg))
                 seconds = time.perf_counter() - began
                 if step > start:

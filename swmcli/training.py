@@ -29,21 +29,38 @@ def learning_rate(step: int, total_steps: int, peak: float) -> float:
     return peak * (FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * cosine)
 
 
-def clip_order(num_clips: int, clips_per_step: int, first_step: int, last_step: int, seed: int):
-    """Clip indices for steps ``first_step .. last_step-1``, ``clips_per_step`` per step.
-
-    Epochs are permutations drawn from ``(seed, epoch)``, so a step's clips do not depend on
-    where a previous process stopped: resuming at step k reads what step k would have read.
-    """
+def _epoch_parts(num_clips: int, clips_per_step: int, first_step: int, last_step: int, seed: int):
+    """The clip indices of steps ``first_step .. last_step-1``, one epoch's permutation (or part
+    of it) at a time."""
     begin, end = first_step * clips_per_step, last_step * clips_per_step
-    parts, epoch = [], begin // num_clips
+    epoch = begin // num_clips
     while epoch * num_clips < end:
         permutation = np.random.default_rng([seed, epoch]).permutation(num_clips)
         low = max(begin - epoch * num_clips, 0)
         high = min(end - epoch * num_clips, num_clips)
-        parts.append(permutation[low:high])
+        yield permutation[low:high]
         epoch += 1
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+class ClipOrder:
+    """Clip indices for steps ``first_step .. last_step-1``, ``clips_per_step`` per step.
+
+    Epochs are permutations drawn from ``(seed, epoch)``, so a step's clips do not depend on
+    where a previous process stopped: resuming at step k reads what step k would have read.
+    Drawn one epoch at a time: memory stays at one epoch's permutation however many steps are
+    asked for (``--steps 100000000000`` allocates nothing more).
+    """
+
+    def __init__(self, num_clips: int, clips_per_step: int, first_step: int, last_step: int, seed):
+        self._args = (num_clips, clips_per_step, first_step, last_step, seed)
+        self._length = max(last_step - first_step, 0) * clips_per_step
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self):
+        for part in _epoch_parts(*self._args):
+            yield from part.tolist()
 
 
 def open_training_data(cfg: SwmConfig):

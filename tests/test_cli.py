@@ -120,3 +120,25 @@ def test_a_missing_path_is_a_usage_error_in_every_command(args, tmp_path, monkey
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "error:" in result.stderr and "Traceback" not in result.output
+
+
+def test_bad_input_is_a_usage_error_not_a_bug(tmp_path):
+    deep = tmp_path / "deep.toml"
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    cases = [
+        (["train", "--config", str(deep)], "nested too deeply"),
+        (["train", "--preset", "tiny", "--seed", "-5"], "greater than or equal to 0"),
+        (["collect", "--preset", "tiny", "--seed", str(2**70)], "less than or equal to"),
+        (["train", "--preset", "tiny", "--set", "train.lr=nan"], "train.lr"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output and "bug in swm" not in result.output
+
+
+def test_a_huge_value_in_an_error_is_cut(tmp_path):
+    result = runner.invoke(app, ["info", str(tmp_path / ("x" * 200) / ("y" * 200) / ("z" * 200))])
+    assert result.exit_code == 2
+    first = result.output.splitlines()[0]
+    assert "more characters)" in result.output and len(result.output) < 1200, first

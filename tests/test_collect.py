@@ -171,3 +171,32 @@ def test_random_episodes_come_first_then_the_policy(tmp_path):
     expert, other = mixed_reader.read_episode(2)["action"], random_reader.read_episode(2)["action"]
     assert expert.shape != other.shape or not np.array_equal(expert, other, equal_nan=True)
     assert mixed_reader.metadata["random_episodes"] == 2
+
+
+@pytest.mark.parametrize("name", ["race.lance", "race.h5", "race"])
+def test_two_collects_at_once_one_writes_the_other_is_refused(tmp_path, name):
+    out = tmp_path / name
+    fmt = ["--format", "folder"] if name == "race" else []
+    command = ["collect", "--preset", "tiny", "--out", str(out), "--episodes", "10", *fmt]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "swmcli", *command, "--seed", str(seed)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (1, 2)
+    ]
+    errors = [proc.communicate(timeout=120)[1] for proc in procs]
+    codes = [proc.returncode for proc in procs]
+    # Usually they overlap and one is refused at once; if one finished first, the other appends.
+    assert 0 in codes
+    for code, err, other in zip(codes, errors, reversed(procs), strict=True):
+        assert code in (0, 1), err
+        if code == 1:
+            assert f"being written by process {other.pid}" in err and "Traceback" not in err
+    reader = open_reader(out)
+    assert reader.num_episodes == 10 * codes.count(0)
+    for index in range(reader.num_episodes):  # every episode whole: no frames of the other
+        episode = reader.read_episode(index)
+        assert len(episode["action"]) == reader.episode_lengths[index]
+        assert np.isnan(episode["action"][-1]).all() and not np.isnan(episode["action"][:-1]).any()

@@ -2,6 +2,8 @@
 never touched, and clear refusals."""
 
 import hashlib
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -118,3 +120,22 @@ def test_copy_dataset_returns_what_it_wrote_and_reports_each_episode(tmp_path):
     assert (copied.episodes, copied.steps) == (3, sum(LENGTHS))
     assert seen == [(1, 3), (2, 3), (3, 3)]
     assert copied.dst_size_bytes == sum(f.stat().st_size for f in [tmp_path / "b.h5"])
+
+
+def test_convert_removes_what_a_killed_convert_left(tmp_path):
+    src = tmp_path / "a.lance"
+    with open_writer(src, metadata={"env_id": "swm/TwoRoom-v0"}) as writer:
+        writer.write_episode(make_episode(0, 5))
+    dead = _finished_pid()
+    leftover = tmp_path / f".tmp-{dead}-b.h5"
+    leftover.write_bytes(b"half a copy")
+    live = tmp_path / f".tmp-{os.getppid()}-b.h5"  # a running process's copy is not touched
+    live.write_bytes(b"in progress")
+    copy_dataset(src, tmp_path / "b.h5")
+    assert not leftover.exists() and live.exists()
+
+
+def _finished_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid

@@ -190,20 +190,26 @@ print(*methods, tuple(batch["pixels"].shape), same)
 """
 
 
-def test_lance_workers_fork_only_while_it_is_safe(tmp_path):
-    """A fresh process (`swm train` after `swm collect`) forks its workers (fast); once it has
-    opened Lance itself, a loader starting workers uses forkserver instead (no crash)."""
+def _in_a_fresh_process(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run ``script`` on a 20-row Lance dataset in a new Python process (nothing opened yet)."""
     path = tmp_path / "d.lance"
     write_dataset(path, lengths=(20,))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS, str(path)],
+        [sys.executable, "-c", script, str(path)],
         capture_output=True,
         text=True,
         env=env,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_lance_workers_fork_only_while_it_is_safe(tmp_path):
+    """A fresh process (`swm train` after `swm collect`) forks its workers (fast); once it has
+    opened Lance itself, a loader starting workers uses forkserver instead (no crash)."""
+    done = _in_a_fresh_process(FRESH_PROCESS, tmp_path)
     assert done.stdout.split() == ["fork", "forkserver", "(4,", "2,", "32,", "32,", "3)", "True"]
     assert "fork-safe" not in done.stderr
 
@@ -288,3 +294,21 @@ def test_every_bad_argument_of_load_dataset_is_a_value_error(tmp_path):
         with pytest.raises(kind) as caught:
             call()
         assert isinstance(caught.value, ValueError), caught.value
+
+
+CHILD_DIES = """
+import os, signal, sys
+from swmcli.core import data
+from swmcli.errors import DatasetError
+
+data._describe = lambda path, cache_dir: os.kill(os.getpid(), signal.SIGKILL)
+try:
+    data.load_dataset(sys.argv[1])
+except DatasetError as error:
+    print(error.message)
+"""
+
+
+def test_an_indexing_child_that_dies_is_an_error_not_a_hang(tmp_path):
+    done = _in_a_fresh_process(CHILD_DIES, tmp_path)
+    assert "its process died (exit code -9)" in done.stdout

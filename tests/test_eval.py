@@ -268,3 +268,19 @@ def test_budget_defaults_to_twice_the_goal_offset_or_the_env_episode():
     assert eval_budget(resolve_config(flags=dataset)) == 50
     assert eval_budget(resolve_config(flags={"env.max_episode_steps": 80})) == 80
     assert eval_budget(resolve_config(flags={**dataset, "eval.max_steps": 7})) == 7
+
+
+def test_eval_refuses_data_replaced_at_another_resolution(tiny_run, tmp_path):
+    import json
+    import shutil
+
+    other = tmp_path / "other.lance"
+    flags = {"collect.out": other, "collect.episodes": 2, "env.resolution": 48}
+    run_collect(resolve_config("tiny", flags=flags), MemoryMonitor())
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    config = json.loads((run_dir / "config.json").read_text())
+    config["data"]["path"] = str(other)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UsageError, match="trained on 32x32 frames"):
+        run_eval(run_dir, MemoryMonitor(), episodes=1)

@@ -338,17 +338,54 @@ def test_sigkill_mid_run_keeps_every_finished_episode(tmp_path, fmt):
     assert_same_episode(reader.read_episode(survived), make_episode(survived, 7 + survived % 5))
 
 
-def test_hdf5_refuses_a_second_writer_while_one_is_live(tmp_path):
-    path = tmp_path / "d.h5"
-    process = start_writer(path, "hdf5")
+def test_a_second_writer_is_refused_at_once_naming_the_first(tmp_path, fmt):
+    path = dataset_path(tmp_path, fmt)
+    process = start_writer(path, fmt)
     try:
         assert process.stdout.readline()  # one episode committed: the writer is live
-        with pytest.raises(DatasetError, match="open for writing by another process"):
-            open_writer(path, mode="append")
-        assert open_reader(path).num_episodes >= 1  # readers are welcome meanwhile
+        for mode in ("append", "overwrite"):
+            with pytest.raises(DatasetError, match=f"being written by process {process.pid}"):
+                open_writer(path, mode=mode)
+        reader = open_reader(path)  # readers are welcome meanwhile, and nothing was touched
+        assert reader.num_episodes >= 1
+        assert_same_episode(reader.read_episode(0), make_episode(0, 7))
+        reader.close()
     finally:
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
+    with open_writer(path, mode="append") as writer:  # the lock died with its process
+        assert writer.num_episodes >= 1
+
+
+def test_a_lance_reader_survives_a_writer_compacting_and_closing(tmp_path):
+    path = tmp_path / "d.lance"
+    write(path, [make_episode(seed, 5) for seed in range(3)])
+    reader = open_reader(path)
+    assert reader.num_episodes == 3
+    with open_writer(path) as writer:  # appends, compacts and (not while we read) cleans up
+        for seed in range(3, 6):
+            writer.write_episode(make_episode(seed, 5))
+    for index in range(3):  # the reader's version still has every file it uses
+        assert_same_episode(reader.read_episode(index), make_episode(index, 5))
+    reader.close()
+    versions_before = len(list((path / "_versions").iterdir()))
+    with open_writer(path) as writer:  # nobody reads now: superseded versions are deleted
+        writer.write_episode(make_episode(6, 5))
+    assert len(list((path / "_versions").iterdir())) < versions_before
+    assert open_reader(path).num_episodes == 7
+
+
+def test_an_hdf5_reader_does_not_block_a_writer(tmp_path):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(seed, 5) for seed in range(2)])
+    reader = open_reader(path)
+    # Another process appends while this one has the file open for reading.
+    script = f"from test_storage import *; write({str(path)!r}, [make_episode(2, 5)])"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True)
+    assert_same_episode(reader.read_episode(1), make_episode(1, 5))
+    reader.close()
+    assert open_reader(path).num_episodes == 3
 
 
 def test_folder_with_a_deleted_frame_is_a_clear_error(tmp_path):
@@ -357,3 +394,39 @@ def test_folder_with_a_deleted_frame_is_a_clear_error(tmp_path):
     next(path.glob("episode_000001/pixels/*.png")).unlink()
     with pytest.raises(DatasetError, match="4 frames for 5 steps"):
         open_reader(path).episode_lengths  # noqa: B018 (the scan is the check)
+
+
+def test_a_full_disk_is_refused_before_the_episode_is_written(tmp_path, fmt, monkeypatch):
+    path = dataset_path(tmp_path, fmt)
+    write(path, [make_episode(0, 5)])
+    real = shutil.disk_usage
+    # Mounting a small filesystem needs privileges: the free space reported is made small.
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=10 * 2**20))
+    with open_writer(path) as writer, pytest.raises(DatasetError, match="free on the disk"):
+        writer.write_episode(make_episode(1, 5))
+    monkeypatch.undo()
+    reader = open_reader(path)
+    assert reader.num_episodes == 1
+    assert_same_episode(reader.read_episode(0), make_episode(0, 5))
+
+
+def test_what_a_failed_first_write_left_does_not_block_the_next(tmp_path):
+    (tmp_path / "empty.h5").touch()
+    (tmp_path / "half.lance" / "data").mkdir(parents=True)
+    (tmp_path / "half.lance" / "data" / "0001.lance").write_bytes(b"never committed")
+    (tmp_path / "nothing" / "episode_000000").mkdir(parents=True)
+    for name in ("empty.h5", "half.lance", "nothing"):
+        write(tmp_path / name, [make_episode(0, 5)])
+        assert open_reader(tmp_path / name).num_episodes == 1
+    (tmp_path / "notes.txt").write_text("a file of the user's")
+    with pytest.raises(ValueError, match="not a swm dataset"):
+        write(tmp_path / "notes.txt", [make_episode(0, 5)], fmt="hdf5")
+    assert (tmp_path / "notes.txt").read_text() == "a file of the user's"
+
+
+def test_a_path_with_a_colon_is_a_local_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("file:y.lance", "memory:x.lance"):
+        write(Path(name), [make_episode(0, 5)])
+        assert (tmp_path / name / "_versions").is_dir()
+        assert open_reader(Path(name)).num_episodes == 1

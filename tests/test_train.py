@@ -17,10 +17,10 @@ from PIL import Image
 from swmcli.collect import run_collect
 from swmcli.config import load_run_config, resolve_config, with_settings
 from swmcli.core.memory import MemoryMonitor
-from swmcli.errors import CheckpointError, UsageError
+from swmcli.errors import CheckpointError, SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
 from swmcli.train import run_train
-from swmcli.training import clip_order, learning_rate
+from swmcli.training import ClipOrder, learning_rate
 
 ROOT = Path(__file__).parents[1]
 
@@ -162,6 +162,10 @@ def test_too_many_held_out_episodes_is_a_usage_error(tiny_data, tmp_path):
     cfg = _cfg(tiny_data, tmp_path / "run", **{"eval.heldout_episodes": 10})
     with pytest.raises(UsageError, match="held out"):
         run_train(cfg, MemoryMonitor())
+
+
+def clip_order(*args, seed: int) -> np.ndarray:
+    return np.array(list(ClipOrder(*args, seed)), dtype=np.int64)
 
 
 def test_clip_order_is_a_function_of_seed_and_step():
@@ -308,3 +312,52 @@ def test_many_passes_warn_once_and_stay_in_json(tiny_data, tmp_path):
     assert len(warnings) == 1 and "passes over" in warnings[0]
     assert result.stderr.count("passes over") == 1
     assert "estimate: about" in result.stderr
+
+
+def test_refuses_an_out_directory_that_is_not_a_run(tiny_data, tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "metrics.jsonl").write_text("my own file\n")
+    with pytest.raises(UsageError, match="not a swm run"):
+        run_train(_cfg(tiny_data, notes, **{"train.steps": 2}), MemoryMonitor())
+    assert (notes / "metrics.jsonl").read_text() == "my own file\n"
+    assert sorted(p.name for p in notes.iterdir()) == ["metrics.jsonl"]
+
+
+def test_resume_refuses_data_that_changed_since_the_run_started(tiny_data, tmp_path):
+    import shutil
+
+    data = tmp_path / "tiny.lance"
+    shutil.copytree(tiny_data, data)
+    run = tmp_path / "run"
+    run_train(_cfg(data, run, **{"train.steps": 2}), MemoryMonitor())
+    # (resuming on the same data: test_resume_trains_the_directory_it_is_given)
+    more = resolve_config("tiny", flags={"collect.out": data, "collect.episodes": 2})
+    run_collect(more, MemoryMonitor())
+    with pytest.raises(UsageError, match=r"10 episodes .* then, 12 .* now"):
+        run_train(_cfg(data, run), MemoryMonitor(), resume=True, steps=4)
+    assert load_checkpoint(run)["step"] == 2
+
+
+def test_clip_order_holds_one_epoch_whatever_the_steps():
+    order = ClipOrder(10, 8, 0, 100_000_000_000, seed=0)
+    assert len(order) == 800_000_000_000
+    first = list(itertools.islice(order, 25))  # drawn lazily: nothing of size --steps exists
+    assert sorted(first[:10]) == list(range(10)) and sorted(first[10:20]) == list(range(10))
+
+
+def test_infinite_actions_stop_training_with_the_reason(tiny_data, tmp_path):
+    from swmcli.core.storage import open_reader, open_writer
+
+    reader = open_reader(tiny_data)
+    episodes = [reader.read_episode(i) for i in range(reader.num_episodes)]
+    metadata = {k: reader.metadata[k] for k in ("env_id", "resolution", "action_dim")}
+    reader.close()
+    for episode in episodes:
+        episode["action"][0] = np.inf
+    bad = tmp_path / "bad.lance"
+    with open_writer(bad, metadata=metadata) as writer:
+        for episode in episodes:
+            writer.write_episode(episode)
+    with pytest.raises(SwmError, match="infinite actions"):
+        run_train(_cfg(bad, tmp_path / "run", **{"train.steps": 3}), MemoryMonitor())

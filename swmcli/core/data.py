@@ -216,11 +216,17 @@ def _describe(path: Path, cache_dir: Path | None) -> dict:
         reader.close()
 
 
-def _describe_in_child(path: Path, cache_dir: Path | None) -> tuple[str, object]:
+def _describe_in_child(send, path: Path, cache_dir: Path | None) -> None:
+    # SIGTERM's default action: the CLI's handler would print a child traceback instead.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        return "ok", _describe(path, cache_dir)
+        send.send(("ok", _describe(path, cache_dir)))
     except SwmError as error:  # exceptions with hints do not survive pickling: send the parts
-        return "error", (type(error).__name__, error.message, error.hint, error.exit_code)
+        send.send(("error", (type(error).__name__, error.message, error.hint, error.exit_code)))
+    except Exception as error:
+        send.send(("raise", error))
+    finally:
+        send.close()
 
 
 def _lance_opened() -> bool:
@@ -241,15 +247,27 @@ def _describe_fork_safe(path: Path, cache_dir: Path | None) -> dict:
     # child and every forked worker inherit it instead of each paying the import.
     import lance  # noqa: F401
 
-    # The child takes back SIGTERM's default action: the pool's exit terminates it, and the CLI's
-    # handler (raise KeyboardInterrupt) would print a child traceback instead of ending quietly.
-    default_sigterm = (signal.SIGTERM, signal.SIG_DFL)
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
     with _quiet_lance_fork_warning():
-        pool = multiprocessing.get_context("fork").Pool(1, signal.signal, default_sigterm)
-    with pool:
-        status, payload = pool.apply(_describe_in_child, (path, cache_dir))
+        child = context.Process(target=_describe_in_child, args=(send, path, cache_dir))
+        child.start()
+    send.close()  # the child holds the only write end: if it dies, recv() ends with EOFError
+    try:
+        status, payload = receive.recv()
+    except EOFError:
+        child.join()
+        raise errors.DatasetError(
+            f"indexing {path} failed: its process died (exit code {child.exitcode})",
+            hint="run `swm info --verify` on the dataset; it may be damaged",
+        ) from None
+    finally:
+        receive.close()
+    child.join()
     if status == "ok":
         return payload
+    if status == "raise":
+        raise payload
     name, message, hint, exit_code = payload
     raise getattr(errors, name)(message, hint, exit_code)
 
@@ -372,7 +390,10 @@ def make_loader(
     if not isinstance(dataset, ClipDataset):
         num_workers = 0
     generator = torch.Generator().manual_seed(seed)
-    clips = ClipSampler(dataset, shuffle, generator) if order is None else order.tolist()
+    if order is None:
+        clips = ClipSampler(dataset, shuffle, generator)
+    else:  # an array, or any sized iterable of clip indices (drawn lazily)
+        clips = order.tolist() if isinstance(order, np.ndarray) else order
     sampler = BatchSampler(clips, batch_size, drop_last)
     workers = {}
     if num_workers > 0:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from swmcli.errors import CheckpointError
+from swmcli.errors import CheckpointError, first_line
 
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT_VERSION = 1
@@ -42,10 +42,17 @@ def save_checkpoint(
     }
     path = checkpoint_path(run_dir)
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as handle:
-        torch.save(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with open(partial, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except (OSError, RuntimeError) as error:  # torch.save reports a full disk as RuntimeError
+        partial.unlink(missing_ok=True)
+        raise CheckpointError(
+            f"cannot write the checkpoint {path}: {first_line(error)}",
+            hint=f"free disk space under {run_dir}; the previous checkpoint is intact",
+        ) from error
     os.replace(partial, path)
     _sync_directory(path.parent)
     return path

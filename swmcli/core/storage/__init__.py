@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from swmcli.errors import MissingKeyError, MissingPathError, UsageError
+from swmcli.core.storage.checksums import CHECKSUM_COLUMN
+from swmcli.errors import DatasetError, MissingKeyError, MissingPathError, UsageError
 
 FORMATS = ("lance", "hdf5", "folder")
 MODES = ("append", "overwrite", "error")
@@ -121,11 +122,59 @@ def open_writer(
     """A writer for ``path``: ``mode`` "append" continues the dataset, "overwrite" replaces it,
     "error" refuses an existing path. ``metadata`` holds env_id, resolution and action_dim.
     """
+    from swmcli.core.storage.lock import WriterLock
+
     path = Path(path)
     if mode not in MODES:
         raise UsageError(f"unknown write mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
-    if path.is_dir() and not any(path.iterdir()):
-        path.rmdir()  # an empty directory made ahead of time holds no dataset: start afresh
+    lock = WriterLock(path)  # before anything is touched: a second writer is refused here
+    try:
+        writer = _open_locked(path, format, mode, metadata)
+    except BaseException:
+        lock.release()
+        raise
+    return LockedWriter(writer, lock)
+
+
+class LockedWriter:
+    """A format's writer holding the dataset's writer lock until it is closed."""
+
+    def __init__(self, writer: Writer, lock):
+        self._writer, self._lock = writer, lock
+        self._path = Path(writer.path)
+        self.format = writer.format
+
+    @property
+    def num_episodes(self) -> int:
+        return self._writer.num_episodes
+
+    @property
+    def num_steps(self) -> int:
+        return self._writer.num_steps
+
+    def write_episode(self, episode: Mapping[str, np.ndarray]) -> int:
+        """Append one episode atomically (refused first if the disk cannot hold it); returns
+        its episode_idx."""
+        check_free_space(self._path, sum(np.asarray(v).nbytes for v in episode.values()))
+        return self._writer.write_episode(episode)
+
+    def close(self) -> None:
+        """Finish the dataset, then let the next writer in."""
+        try:
+            self._writer.close()
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> "LockedWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _open_locked(path: Path, format: str | None, mode: str, metadata) -> Writer:
+    if _holds_no_episode(path):
+        remove_tree(path)  # an empty place, or what a failed first write left: start afresh
     fmt = resolve_format(path, format)
     append = False
     if path.exists():
@@ -143,6 +192,51 @@ def open_writer(
             append = True
     path.parent.mkdir(parents=True, exist_ok=True)
     return _module(fmt).open_writer(path, dict(metadata or {}), append)
+
+
+# A write needs room for the episode (raw, before compression) twice over (Lance compaction
+# rewrites it) plus this much, so a full disk is refused before a write, never met inside one.
+FREE_SPACE_MARGIN_BYTES = 64 * 2**20
+
+
+def check_free_space(path: Path, episode_bytes: int) -> None:
+    """Refuse a write the disk holding ``path`` has no room for (one clear error, exit 1)."""
+    from swmcli.units import format_bytes
+
+    existing = path if path.exists() else path.parent
+    free = shutil.disk_usage(existing).free
+    needed = 2 * episode_bytes + FREE_SPACE_MARGIN_BYTES
+    if free < needed:
+        raise DatasetError(
+            f"only {format_bytes(free)} free on the disk of {path}; writing the next episode "
+            f"needs about {format_bytes(needed)}",
+            hint="free some disk space or write to another disk (--out); "
+            "every finished episode is kept",
+        )
+
+
+def _holds_no_episode(path: Path) -> bool:
+    """True for an empty file or directory tree, or a Lance directory with no commit (what a first
+    write that failed leaves behind): nothing there to keep. Called under the writer lock."""
+    if path.is_file():
+        return path.stat().st_size == 0
+    if not path.is_dir():
+        return False
+    if not any(p.is_file() and p.stat().st_size for p in path.rglob("*")):
+        return True
+    return not (path / "_versions").exists() and {p.name for p in path.iterdir()} <= {
+        "data",
+        "_transactions",
+        "_swm_readers.lock",
+    }
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a file or a directory tree (only ever called on paths swm itself made)."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
 
 
 def remove_dataset(path: Path) -> None:
@@ -164,7 +258,7 @@ def episode_schema(episode: Mapping[str, np.ndarray]) -> Schema:
             f"episode arrays must share a non-zero first dimension, got {lengths}",
             hint="every key holds one row per step",
         )
-    for key in INDEX_COLUMNS:
+    for key in (*INDEX_COLUMNS, CHECKSUM_COLUMN):
         if key in episode:
             raise UsageError(f"episode key {key!r} is reserved", hint="the writer adds it")
     return {key: (np.asarray(v).dtype, tuple(np.shape(v)[1:])) for key, v in episode.items()}
@@ -289,6 +383,19 @@ def take_rows(values: np.ndarray, index: np.ndarray | None, out: np.ndarray | No
     else:
         np.take(values, index, axis=0, out=out)
     return out
+
+
+def check_index(lengths: np.ndarray, episode_ids, step_ids, where, hint: str) -> None:
+    """The cheap structural check on open: every row's ``episode_idx`` and ``step_idx`` agree
+    with the episode lengths (a damaged index is an error, never a silent merge of episodes)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    offsets = offsets_from_lengths(lengths)
+    expected_ids = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    expected_steps = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(offsets, lengths)
+    if len(episode_ids) != len(expected_ids) or np.any(episode_ids != expected_ids):
+        raise DatasetError(f"{where}: episode_idx does not match the episode index", hint)
+    if len(step_ids) != len(expected_steps) or np.any(step_ids != expected_steps):
+        raise DatasetError(f"{where}: step_idx does not count the steps of each episode", hint)
 
 
 def rows_by_episode(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -25,6 +25,7 @@ from swmcli.core.storage import (
     open_writer,
     resolve_format,
 )
+from swmcli.core.storage.checksums import check_episode
 from swmcli.errors import DatasetError, UsageError
 
 
@@ -53,6 +54,26 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def _remove_dead_leftovers(dst: Path) -> None:
+    """Delete the temporary copies (and their lock files) of ``dst`` that a killed convert left:
+    their names carry the PID of a process that no longer runs."""
+    names = (f".tmp-*-{dst.name}", f".old-*-{dst.name}", f"..tmp-*-{dst.name}.swm-writer")
+    for leftover in (p for name in names for p in dst.parent.glob(name)):
+        pid = leftover.name.lstrip(".").split("-")[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove(leftover)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 @dataclass(frozen=True)
 class Copied:
     """What ``copy_dataset`` wrote: counts and sizes on disk of the source and the copy."""
@@ -71,6 +92,7 @@ def _copy_episodes(reader, writer, keys: list[str], on_episode) -> dict[str, str
     digests = {key: hashlib.blake2b(digest_size=16) for key in keys}
     for index in range(reader.num_episodes):
         episode = reader.read_episode(index, keys)
+        check_episode(reader, index, episode)  # the copy's checksums are then the source's
         for key in keys:
             digests[key].update(np.ascontiguousarray(episode[key]).data)
         writer.write_episode(episode)
@@ -143,6 +165,7 @@ def copy_dataset(
         keys = check_keys(reader.keys, keys, src)
         if reader.num_episodes == 0:
             raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
+        _remove_dead_leftovers(dst)
         temporary = dst.with_name(f".tmp-{os.getpid()}-{dst.name}")
         fmt = resolve_format(temporary, to)
         # Every field the collector wrote (env, policy, ...); the writer sets its own.

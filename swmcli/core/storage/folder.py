@@ -34,6 +34,7 @@ from swmcli.core.storage import (
     rows_by_episode,
     schema_from_json,
 )
+from swmcli.core.storage.checksums import CHECKSUM_COLUMN, row_checksums
 from swmcli.errors import DatasetError
 
 PIXEL_ENCODING = "png (lossless)"
@@ -140,10 +141,15 @@ class FolderReader:
         try:
             with np.load(self._dirs[index] / ARRAYS) as npz:
                 arrays = {k: npz[k] for k in npz.files}
-        except (OSError, ValueError) as error:
+        except Exception as error:  # a damaged zip fails in many ways (bad CRC, method, ...)
             raise DatasetError(
                 f"cannot read {self._dirs[index] / ARRAYS}: {error}", _DAMAGED_HINT
             ) from error
+        wanted = {"step_idx", *(k for k, (d, s) in self.keys.items() if not _is_png_key(d, s))}
+        if missing := sorted(wanted - arrays.keys()):
+            raise DatasetError(
+                f"{self._dirs[index] / ARRAYS} lacks {', '.join(missing)}", _DAMAGED_HINT
+            )
         self._arrays[index] = arrays
         if len(self._arrays) > _CACHED_EPISODES:
             self._arrays.popitem(last=False)
@@ -157,7 +163,7 @@ class FolderReader:
         try:
             with Image.open(file) as image:
                 return np.asarray(image, dtype=dtype).reshape(shape)
-        except (OSError, ValueError) as error:
+        except Exception as error:  # a damaged PNG fails in many ways (zlib, syntax, size)
             raise DatasetError(f"cannot read {file}: {error}", _DAMAGED_HINT) from error
 
     def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -191,6 +197,10 @@ class FolderReader:
             else:
                 episode[key] = self._episode_arrays(index)[key].copy()
         return episode
+
+    def read_checksums(self, index: int) -> np.ndarray | None:
+        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
+        return self._episode_arrays(index).get(CHECKSUM_COLUMN)
 
     def close(self) -> None:
         self._arrays.clear()
@@ -240,6 +250,7 @@ class FolderWriter:
         arrays = {
             "episode_idx": np.full(length, self.num_episodes, dtype=np.int64),
             "step_idx": np.arange(length, dtype=np.int32),
+            CHECKSUM_COLUMN: row_checksums(episode, list(self.schema)),
         }
         for key, (dtype, shape) in self.schema.items():
             values = np.asarray(episode[key])

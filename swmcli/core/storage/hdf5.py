@@ -12,10 +12,11 @@ Episode-atomic writes use HDF5's single-writer/multiple-reader mode (SWMR): meta
 file in an order that keeps it readable at every instant. An episode's rows are written and
 flushed first; its entry in ``episode_lengths`` comes last and is the commit. A reader trusts only
 committed episodes. A writer killed mid-run leaves the superblock's "open for write" flag set;
-appending clears it (what ``h5clear -s`` does) once no process holds the file.
+appending clears it (what ``h5clear -s`` does) under the dataset's writer lock.
 """
 
-import fcntl
+import contextlib
+import functools
 import json
 import struct
 import zlib
@@ -26,6 +27,7 @@ import numpy as np
 from swmcli.core.storage import (
     INDEX_COLUMNS,
     build_metadata,
+    check_index,
     check_keys,
     check_metadata,
     check_schema,
@@ -34,6 +36,7 @@ from swmcli.core.storage import (
     offsets_from_lengths,
     schema_from_json,
 )
+from swmcli.core.storage.checksums import CHECKSUM_COLUMN, row_checksums
 from swmcli.errors import DatasetError, first_line
 
 PIXEL_ENCODING = "raw uint8, LZ4 (HDF5 filter 32004), one frame per chunk"
@@ -44,6 +47,7 @@ _CHUNK_CACHE_SLOTS = 100_003  # a prime well above the chunks that fit the cache
 _SMALL_CHUNK_ROWS = 4096
 H5Z_DEFLATE = 1  # HDF5's filter ids: gzip, built into every HDF5
 H5Z_LZ4 = 32004  # LZ4, registered with the HDF Group (read with `hdf5plugin` or its plugin)
+_READ_ATTEMPTS = 25  # sleeps of 1, 2, 4, ... ns: at most 2**25 ns (34 ms) in all
 _DAMAGED_HINT = "the file is damaged or truncated: restore it or collect again"
 
 
@@ -56,6 +60,9 @@ def _open(path: Path, mode: str, **kwargs):
             mode,
             rdcc_nbytes=_CHUNK_CACHE_BYTES,
             rdcc_nslots=_CHUNK_CACHE_SLOTS,
+            # swm's own writer lock keeps writers apart; HDF5's flock would let a reader
+            # block a writer (and a writer's reopen fail while anything reads).
+            locking=False,
             **kwargs,
         )
     except OSError as error:
@@ -63,6 +70,44 @@ def _open(path: Path, mode: str, **kwargs):
         # Reading, the file is the problem; creating, the place it goes is.
         hint = _DAMAGED_HINT if mode in ("r", "r+", "a") else "check that --out is writable"
         raise DatasetError(message, hint) from error
+
+
+def _open_to_read(path: Path):
+    """Open for SWMR reading with HDF5's metadata retries bounded.
+
+    A SWMR reader retries a metadata read whose checksum fails (a writer may be mid-update),
+    sleeping twice as long each time, 100 times by default: on a damaged file, a hang that
+    ignores signals. ``_READ_ATTEMPTS`` retries end within 34 ms.
+    h5py does not expose the setting: it is set on the file-access list through the HDF5
+    library h5py loaded.
+    """
+    import h5py
+    from h5py._hl.files import make_fapl
+
+    fapl = make_fapl(
+        None, rdcc_nslots=_CHUNK_CACHE_SLOTS, rdcc_nbytes=_CHUNK_CACHE_BYTES, locking=False
+    )
+    _hdf5_library().H5Pset_metadata_read_attempts(fapl.id, _READ_ATTEMPTS)
+    flags = h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ
+    try:
+        return h5py.File(h5py.h5f.open(str(path).encode(), flags, fapl=fapl))
+    except OSError as error:
+        message = f"cannot open HDF5 file {path}: {first_line(error)}"
+        raise DatasetError(message, _DAMAGED_HINT) from error
+
+
+@functools.cache
+def _hdf5_library():
+    """The HDF5 shared library this process loaded (h5py's), for the one call h5py lacks."""
+    import ctypes
+
+    import h5py  # noqa: F401 - loads the library
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "/libhdf5" in line and "_hl" not in line}
+    library = ctypes.CDLL(paths.pop())
+    library.H5Pset_metadata_read_attempts.argtypes = [ctypes.c_int64, ctypes.c_uint]
+    return library
 
 
 def _check_length(path: Path) -> None:
@@ -98,21 +143,35 @@ class Hdf5Reader:
 
         self.path = Path(path)
         _check_length(self.path)
-        self._file = _open(self.path, "r", swmr=True)
-        raw = self._file.attrs.get("swm")
-        if raw is None:
+        self._file = _open_to_read(self.path)
+        try:
+            raw = self._guard(lambda: self._file.attrs.get("swm"))
+            if raw is None:
+                raise DatasetError(
+                    f"{self.path} is an HDF5 file but was not written by swm (no swm metadata)",
+                    hint="write it with swmcli.open_writer or `swm collect`",
+                )
+            self.metadata = self._guard(lambda: json.loads(raw))
+            self.keys = self._guard(lambda: schema_from_json(self.metadata["keys"]))
+            self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
+            self._check_index()
+        except BaseException:
             self._file.close()
-            raise DatasetError(
-                f"{self.path} is an HDF5 file but was not written by swm (no swm metadata)",
-                hint="write it with swmcli.open_writer or `swm collect`",
-            )
-        self.metadata = json.loads(raw)
-        self.keys = schema_from_json(self.metadata["keys"])
-        self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
+            raise
         self.episode_offsets = offsets_from_lengths(self.episode_lengths)
         self.num_episodes = len(self.episode_lengths)
         self.num_steps = int(self.episode_lengths.sum())
         self.index_token = None  # the index lives in the file: nothing to cache
+
+    def _check_index(self) -> None:
+        rows = int(self.episode_lengths.sum())
+        episodes = len(self.episode_lengths)
+        offsets = self._guard(lambda: self._file["episode_offsets"][:episodes]) if episodes else []
+        if np.any(np.asarray(offsets) != offsets_from_lengths(self.episode_lengths)):
+            raise DatasetError(f"{self.path}: episode_offsets do not match", _DAMAGED_HINT)
+        ids = self._guard(lambda: self._file["episode_idx"][:rows]) if rows else []
+        steps = self._guard(lambda: self._file["step_idx"][:rows]) if rows else []
+        check_index(self.episode_lengths, ids, steps, self.path, _DAMAGED_HINT)
 
     @property
     def nbytes_on_disk(self) -> int:
@@ -121,7 +180,7 @@ class Hdf5Reader:
     def _guard(self, read):
         try:
             return read()
-        except (OSError, ValueError, KeyError) as error:
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
             raise DatasetError(
                 f"cannot read {self.path}: {first_line(error)}", _DAMAGED_HINT
             ) from error
@@ -153,6 +212,14 @@ class Hdf5Reader:
             else:
                 episode[key] = self._guard(lambda key=key: self._file[key][start:stop])
         return episode
+
+    def read_checksums(self, index: int) -> np.ndarray | None:
+        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
+        if CHECKSUM_COLUMN not in self._file:
+            return None
+        start = int(self.episode_offsets[index])
+        stop = start + int(self.episode_lengths[index])
+        return self._guard(lambda: self._file[CHECKSUM_COLUMN][start:stop])
 
     def close(self) -> None:
         self._file.close()
@@ -241,7 +308,7 @@ def _committed_lengths(file, keys, where: Path) -> np.ndarray:
     try:
         lengths = file["episode_lengths"][:].astype(np.int64)
         rows = min(file[k].shape[0] for k in keys) if keys else 0
-    except (OSError, KeyError) as error:
+    except (OSError, KeyError, ValueError, RuntimeError) as error:
         raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
     # A kill between resize and write leaves a zero entry: it was never committed.
     committed = int(np.argmin(lengths > 0)) if np.any(lengths <= 0) else len(lengths)
@@ -260,7 +327,6 @@ class Hdf5Writer:
         self.path = Path(path)
         self._user_metadata = metadata
         self._file = None
-        self._lock = None
         self.schema = None
         self.num_episodes = 0
         self.num_steps = 0
@@ -276,20 +342,24 @@ class Hdf5Writer:
         self._file = _open(self.path, "r+", libver=_LIBVER)
         self.num_episodes, self.num_steps = len(lengths), int(lengths.sum())
         # Drop rows of an episode cut short by a kill: appending starts where the last commit ended.
-        for name in (*INDEX_COLUMNS, *self.schema):
-            self._file[name].resize(self.num_steps, axis=0)
+        for name in (*INDEX_COLUMNS, *self.schema, CHECKSUM_COLUMN):
+            if name in self._file:  # files from before checksums have none
+                self._file[name].resize(self.num_steps, axis=0)
         for name in ("episode_offsets", "episode_lengths"):
             self._file[name].resize(self.num_episodes, axis=0)
         self._file.flush()
         self._file.swmr_mode = True
-        self._lock = _hold_writer_lock(self.path)
 
     def _create(self, episode) -> None:
         self.schema = episode_schema(episode)
         meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
         file = _open(self.path, "w", libver=_LIBVER)
         file.attrs["swm"] = json.dumps(meta)
-        columns = {"episode_idx": (np.dtype(np.int64), ()), "step_idx": (np.dtype(np.int32), ())}
+        columns = {
+            "episode_idx": (np.dtype(np.int64), ()),
+            "step_idx": (np.dtype(np.int32), ()),
+            CHECKSUM_COLUMN: (np.dtype(np.uint32), (len(self.schema),)),
+        }
         for name, (dtype, shape) in {**columns, **self.schema}.items():
             # Frames: LZ4, one per chunk (written here, so no HDF5 plugin is needed to write).
             codec = {"compression": H5Z_LZ4, "allow_unknown_filter": True}
@@ -308,12 +378,26 @@ class Hdf5Writer:
         file.flush()
         file.swmr_mode = True
         self._file = file
-        self._lock = _hold_writer_lock(self.path)
 
     def write_episode(self, episode) -> int:
         """Append one episode; its ``episode_lengths`` entry, written last, commits it."""
         if self._file is None:
-            self._create(episode)
+            try:
+                self._create(episode)
+                return self._append(episode)
+            except BaseException:
+                self._discard()  # a first write that failed leaves no file to block the next
+                raise
+        return self._append(episode)
+
+    def _discard(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError, RuntimeError):  # the file goes anyway
+                self._file.close()
+            self._file = None
+        self.path.unlink(missing_ok=True)
+
+    def _append(self, episode) -> int:
         check_schema(self.schema, episode, self.path)
         length = len(next(iter(episode.values())))
         start, stop = self.num_steps, self.num_steps + length
@@ -322,6 +406,8 @@ class Hdf5Writer:
             "step_idx": np.arange(length, dtype=np.int32),
             **episode,
         }
+        if CHECKSUM_COLUMN in self._file:
+            values[CHECKSUM_COLUMN] = row_checksums(episode, list(self.schema))
         for name, array in values.items():
             dataset = self._file[name]
             dataset.resize(stop, axis=0)
@@ -344,9 +430,6 @@ class Hdf5Writer:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
 
     def __enter__(self) -> "Hdf5Writer":
         return self
@@ -394,50 +477,21 @@ def _lookup3(data: bytes) -> int:
     return c
 
 
-def _hold_writer_lock(path: Path):
-    """A POSIX record lock held for the writer's lifetime (released by the kernel if it dies).
-
-    HDF5 drops its own ``flock`` once SWMR writing starts, so this is what tells a live writer
-    from a killed one; POSIX locks and ``flock`` do not interfere on Linux.
-    """
-    handle = path.open("r+b")
-    try:
-        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        handle.close()
-        raise DatasetError(
-            f"{path} is open for writing by another process",
-            hint="wait for that process to finish, or write to another path",
-        ) from error
-    return handle
-
-
 def _clear_open_flag(path: Path) -> None:
     """Clear the superblock's open-for-write flags left by a killed writer (``h5clear -s``).
 
-    Only when no process holds the file: no swm writer's record lock, no HDF5 ``flock``.
+    Safe because this process holds the dataset's writer lock: no other swm writer is alive.
     """
-    _hold_writer_lock(path).close()
     with path.open("r+b") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            raise DatasetError(
-                f"{path} is open for writing by another process",
-                hint="wait for that process to finish, or write to another path",
-            ) from error
-        try:
-            head = handle.read(64)
-            version, offset_size = head[8], head[9]
-            if head[:8] != b"\x89HDF\r\n\x1a\n" or version < 2 or head[11] == 0:
-                return  # older superblocks have no flags; flags already clear
-            end = 12 + 4 * offset_size
-            patched = head[:11] + b"\0" + head[12:end]
-            handle.seek(0)
-            handle.write(patched + _lookup3(patched).to_bytes(4, "little"))
-            handle.flush()
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        head = handle.read(64)
+        version, offset_size = head[8], head[9]
+        if head[:8] != b"\x89HDF\r\n\x1a\n" or version < 2 or head[11] == 0:
+            return  # older superblocks have no flags; flags already clear
+        end = 12 + 4 * offset_size
+        patched = head[:11] + b"\0" + head[12:end]
+        handle.seek(0)
+        handle.write(patched + _lookup3(patched).to_bytes(4, "little"))
+        handle.flush()
 
 
 def open_reader(path: Path) -> Hdf5Reader:

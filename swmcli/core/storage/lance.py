@@ -24,6 +24,7 @@ import numpy as np
 
 from swmcli.core.storage import (
     build_metadata,
+    check_index,
     check_keys,
     check_metadata,
     check_schema,
@@ -34,6 +35,8 @@ from swmcli.core.storage import (
     schema_from_json,
     take_rows,
 )
+from swmcli.core.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.core.storage.lock import ReaderLock, no_readers
 from swmcli.errors import DatasetError, UsageError, first_line
 
 COMPACT_EVERY = 64
@@ -49,6 +52,12 @@ _opened_by: int | None = None  # the pid that first opened a Lance dataset (inhe
 def opened_in_this_process() -> bool:
     """True once this process has opened a Lance dataset (forking is unsafe from then on)."""
     return _opened_by == os.getpid()
+
+
+def _local(path: Path) -> str:
+    """What Lance is given: an absolute path, so ``file:x`` or ``memory:x`` name a local
+    directory like any other (Lance would read a relative one as a URI)."""
+    return str(Path(path).absolute())
 
 
 def _mark_opened() -> None:
@@ -77,6 +86,7 @@ def _arrow_schema(schema, metadata: dict):
             fields.append(pa.field(key, pa.list_(item, int(np.prod(shape)))))
         else:
             fields.append(pa.field(key, pa.from_numpy_dtype(dtype)))
+    fields.append(pa.field(CHECKSUM_COLUMN, pa.list_(pa.uint32(), len(schema))))
     return pa.schema(fields, metadata={"swm": json.dumps(metadata)})
 
 
@@ -119,14 +129,18 @@ class LanceReader:
 
         self.path = Path(path)
         _mark_opened()
+        # Held while open: a writer deletes no file this reader's version may still use.
+        self._lock = ReaderLock(self.path)
         try:
-            self._dataset = lance.dataset(str(self.path))
+            self._dataset = lance.dataset(_local(self.path))
             raw = (self._dataset.schema.metadata or {}).get(b"swm")
         except Exception as error:
+            self.close()
             raise DatasetError(
                 f"cannot open Lance dataset {self.path}: {first_line(error)}", _DAMAGED_HINT
             ) from error
         if raw is None:
+            self.close()
             raise DatasetError(
                 f"{self.path} is a Lance dataset but was not written by swm (no swm metadata)",
                 hint="write it with swmcli.open_writer or `swm collect`",
@@ -156,8 +170,12 @@ class LanceReader:
     def episode_lengths(self) -> np.ndarray:
         """Rows of each episode (scans the small ``episode_idx`` column once)."""
         if self._lengths is None:
-            table = self._guard(lambda: self._dataset.to_table(columns=["episode_idx"]))
-            self.set_episode_lengths(_lengths_from_ids(table.column(0).to_numpy(), self.path))
+            columns = ["episode_idx", "step_idx"]
+            table = self._guard(lambda: self._dataset.to_table(columns=columns))
+            ids, steps = (table.column(name).to_numpy() for name in columns)
+            lengths = _lengths_from_ids(ids, self.path)
+            check_index(lengths, ids, steps, self.path, _DAMAGED_HINT)
+            self.set_episode_lengths(lengths)
         return self._lengths
 
     def set_episode_lengths(self, lengths: np.ndarray) -> None:
@@ -220,12 +238,23 @@ class LanceReader:
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         """Episode ``index`` as ``{key: (length, ...)}`` (all keys unless ``keys`` is given)."""
         keys = check_keys(self.keys, keys, self.path)
-        start, length = int(self.episode_offsets[index]), int(self.episode_lengths[index])
-        table = self._take(np.arange(start, start + length, dtype=np.int64), keys)
+        table = self._take(self._episode_rows(index), keys)
         return {k: _from_arrow(table.column(k), *self.keys[k]).copy() for k in keys}
+
+    def _episode_rows(self, index: int) -> np.ndarray:
+        start, length = int(self.episode_offsets[index]), int(self.episode_lengths[index])
+        return np.arange(start, start + length, dtype=np.int64)
+
+    def read_checksums(self, index: int) -> np.ndarray | None:
+        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
+        if CHECKSUM_COLUMN not in self._dataset.schema.names:
+            return None
+        column = self._take(self._episode_rows(index), [CHECKSUM_COLUMN]).column(0)
+        return _from_arrow(column, np.dtype(np.uint32), (len(self.keys),))
 
     def close(self) -> None:
         self._dataset = None
+        self._lock.release()
 
 
 def _lengths_from_ids(ids: np.ndarray, where: Path) -> np.ndarray:
@@ -254,6 +283,7 @@ class LanceWriter:
         self._uncompacted = 0
         if append:
             self._resume()
+            self._cleanup()  # versions a killed writer left behind
 
     def _resume(self) -> None:
         reader = LanceReader(self.path)
@@ -283,36 +313,55 @@ class LanceWriter:
             pa.array(np.arange(length, dtype=np.int32)),
             *(_to_arrow(np.asarray(episode[k]), shape) for k, (_, shape) in self.schema.items()),
         ]
+        if CHECKSUM_COLUMN in self._arrow.names:  # datasets from before checksums have none
+            sums = row_checksums(episode, list(self.schema))
+            columns.append(_to_arrow(sums, (len(self.schema),)))
         table = pa.Table.from_arrays(columns, schema=self._arrow)
         mode = "append" if (self.path / "_versions").is_dir() else "create"
-        lance.write_dataset(table, str(self.path), mode=mode, data_storage_version=_STORAGE_VERSION)
+        lance.write_dataset(
+            table, _local(self.path), mode=mode, data_storage_version=_STORAGE_VERSION
+        )
         self.num_steps += length
         self.num_episodes += 1
         self._uncompacted += 1
         if self._uncompacted >= COMPACT_EVERY:
-            self.compact(cleanup=False)
+            self.compact()
         return self.num_episodes - 1
 
-    def compact(self, cleanup: bool) -> None:
-        """Merge small fragments (one commit); ``cleanup`` also deletes superseded files."""
+    def compact(self) -> None:
+        """Merge small fragments (one commit), then delete superseded files if no one reads."""
         import lance
 
         self._uncompacted = 0
         if not (self.path / "_versions").is_dir():
             return
-        dataset = lance.dataset(str(self.path))
+        dataset = lance.dataset(_local(self.path))
         row_bytes = sum(np.dtype(d).itemsize * int(np.prod(s)) for d, s in self.schema.values())
         target = max(1024, _FRAGMENT_BYTES // max(row_bytes, 1))
         if len(dataset.get_fragments()) > 1:
             dataset.optimize.compact_files(target_rows_per_fragment=target)
-        if cleanup:
-            # Old versions only hold files that compaction replaced: reclaim the disk.
-            lance.dataset(str(self.path)).cleanup_old_versions(older_than=timedelta(0))
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        """Delete old versions' files (only compaction's leftovers), unless a reader is open: its
+        version may still use them. Disk use is then bounded by the next compaction's cleanup."""
+        import lance
+
+        hold = no_readers(self.path)
+        if hold is None:
+            return
+        try:
+            # Under the writer lock no other process writes: an unreferenced file is what a killed
+            # writer left half-written, and goes too.
+            dataset = lance.dataset(_local(self.path))
+            dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+        finally:
+            hold.close()
 
     def close(self) -> None:
         """Compact what is left and free superseded files."""
         if self._uncompacted:
-            self.compact(cleanup=True)
+            self.compact()
 
     def __enter__(self) -> "LanceWriter":
         return self

@@ -1,0 +1,108 @@
+"""One writer per dataset, and readers a writer can see: two ``flock`` lock files.
+
+``.NAME.swm-writer``, beside the dataset, is held exclusively by the one process writing ``NAME``
+(and removed when it is done); it is taken before anything of the dataset is touched, so a second
+writer is refused at once and told the first one's PID. ``NAME/_swm_readers.lock``, inside a Lance
+dataset, is held shared by every process that has it open for reading; a Lance writer deletes
+superseded files only while it can take that lock exclusively, so it never deletes a file a
+reader's version still uses.
+
+``flock`` locks belong to an open file and the kernel drops them when their process dies, so a
+killed writer or reader never leaves a lock behind. They are local: on object storage (``s3://``)
+nothing is locked, and one writer at a time is the user's to arrange.
+"""
+
+import fcntl
+import os
+from pathlib import Path
+
+from swmcli.errors import DatasetError
+
+
+def writer_lock_path(path: Path) -> Path:
+    """The writer's lock file of the dataset at ``path``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.swm-writer")
+
+
+def _readers_lock_path(path: Path) -> Path:
+    return Path(path) / "_swm_readers.lock"
+
+
+def _open_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a+")  # the handle is the lock: it lives as long as the lock
+
+
+class WriterLock:
+    """The exclusive right to write one dataset, held until ``release`` (or the process dies)."""
+
+    def __init__(self, path: Path):
+        self.path = writer_lock_path(path)
+        while True:
+            handle = _open_lock(self.path)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip()
+                handle.close()
+                who = f"process {holder}" if holder.isdigit() else "another process"
+                raise DatasetError(
+                    f"{path} is being written by {who}",
+                    hint="wait for that process to finish, or write to another path",
+                ) from None
+            if _same_file(handle, self.path):
+                break
+            handle.close()  # its holder removed it as we opened it: take the new one
+        handle.truncate(0)
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._handle = handle
+
+    def release(self) -> None:
+        """Remove the lock file, then let go: a writer that opened it meanwhile sees it removed
+        and takes a fresh one."""
+        if self._handle is not None:
+            self.path.unlink(missing_ok=True)
+            self._handle.close()
+            self._handle = None
+
+
+def _same_file(handle, path: Path) -> bool:
+    try:
+        return os.fstat(handle.fileno()).st_ino == path.stat().st_ino
+    except FileNotFoundError:
+        return False
+
+
+class ReaderLock:
+    """A shared hold on a dataset for as long as a reader has it open."""
+
+    def __init__(self, path: Path):
+        self._handle = None
+        try:
+            handle = open(_readers_lock_path(path), "a+")  # noqa: SIM115 - held while reading
+        except OSError:
+            return  # a read-only place: nobody can write there either
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        self._handle = handle
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def no_readers(path: Path):
+    """An exclusive hold on the readers' lock if no process is reading ``path``, else None.
+
+    While it is held, a new reader waits (briefly) before opening the dataset.
+    """
+    handle = open(_readers_lock_path(path), "a+")  # noqa: SIM115 - returned to the caller
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
