@@ -283,4 +283,4 @@ def test_eval_refuses_data_replaced_at_another_resolution(tiny_run, tmp_path):
     config["data"]["path"] = str(other)
     (run_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(UsageError, match="trained on 32x32 frames"):
-        run_eval(run_dir, MemoryMonitor(), episodes=1)
+        run_eval(run_dir, MemoryMonitor(), flags={"eval.episodes": 1})
