@@ -166,15 +166,19 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
 
     The windows are the clips training reads (``load_dataset``), ``horizon + 1`` observations
     long, from the held-out episodes only; the action block of a clip's last frame is not used.
+    The horizon is ``eval.horizon``, shortened to what the longest held-out episode holds (short
+    expert episodes and a large frameskip); empty when not even one step fits.
     """
-    from swmcli.core.clips import clip_span, heldout_split
+    from swmcli.core.clips import heldout_split
     from swmcli.core.data import load_dataset
 
-    horizon, frameskip = cfg.eval.horizon, cfg.data.frameskip
+    frameskip = cfg.data.frameskip
     path, cache = cfg.data.path, cfg.data.cache_dir
     lengths = load_dataset(path, keys_to_load=["pixels"], cache_dir=cache).episode_lengths
     _, heldout = heldout_split(len(lengths), cfg.eval.heldout_episodes)
-    if not any(lengths[i] >= clip_span(horizon + 1, frameskip) for i in heldout):
+    longest = max((int(lengths[i]) for i in heldout), default=0)
+    horizon = min(cfg.eval.horizon, longest // frameskip - 1)
+    if horizon < 1:
         return {"model": [], "no_change": []}
     windows = load_dataset(
         path,
@@ -335,6 +339,11 @@ def _result(run_dir, cfg, runner, step, errors, reaching, no_goal) -> CommandRes
     ]
     warnings = [warn(message) for message in _open_loop_warning(errors)]
     notes = [runner.dtype_reason]
+    if not errors["model"]:
+        notes.append(
+            f"no open-loop error: no held-out episode is {2 * cfg.data.frameskip} rows long "
+            "(raise eval.heldout_episodes, or collect longer episodes)"
+        )
     if reaching is None:
         notes.append(no_goal)
         fields["planning"] = None

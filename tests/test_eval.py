@@ -111,6 +111,21 @@ def test_open_loop_error_reads_the_held_out_training_clips(tiny_run):
     assert np.allclose(errors["no_change"], want, rtol=1e-4, atol=1e-7)
 
 
+def test_open_loop_horizon_shortens_to_the_longest_held_out_episode(tiny_run):
+    from swmcli.config import with_settings
+
+    cfg = with_settings(load_run_config(tiny_run), {"eval.horizon": 1000})
+    runner = make_runner()
+    model, _ = load_model(tiny_run, cfg, runner)
+    reader = open_reader(cfg.data.path)
+    _, heldout = heldout_split(reader.num_episodes, cfg.eval.heldout_episodes)
+    longest = max(int(reader.episode_lengths[i]) for i in heldout)
+    reader.close()
+    with runner.inference(model):
+        errors = open_loop_errors(model, cfg, runner)
+    assert len(errors["model"]) == longest // cfg.data.frameskip - 1 >= 1
+
+
 def test_missing_run_and_missing_checkpoint_are_clear_errors(tiny_run, tmp_path):
     with pytest.raises(CheckpointError, match=r"config\.json"):
         run_eval(tmp_path, MemoryMonitor())
