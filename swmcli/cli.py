@@ -273,7 +273,9 @@ def collect(
     policy: Annotated[
         str | None, typer.Option(help="who picks the actions: expert or random")
     ] = None,
-    out: Annotated[Path | None, typer.Option(help="dataset to write or append to")] = None,
+    out: Annotated[
+        str | None, typer.Option(help="dataset (path or s3:// URI) to write or append to")
+    ] = None,
     format: Annotated[
         str | None,
         typer.Option(help="lance, hdf5 or folder; default: from the --out suffix, else lance"),
@@ -305,8 +307,8 @@ def collect(
     ),
 )
 def convert(
-    src: Annotated[Path, typer.Argument(help="dataset to read (never modified)")],
-    dst: Annotated[Path, typer.Argument(help="dataset to write")],
+    src: Annotated[str, typer.Argument(help="dataset (path or s3:// URI) to read, never modified")],
+    dst: Annotated[str, typer.Argument(help="dataset (path or s3:// URI) to write")],
     to: Annotated[
         str | None, typer.Option(help="lance, hdf5 or folder (default: DST suffix)")
     ] = None,
@@ -335,7 +337,7 @@ def convert(
     ),
 )
 def info(
-    path: Annotated[Path, typer.Argument(help="a dataset (lance, hdf5 or folder)")],
+    path: Annotated[str, typer.Argument(help="a dataset (lance, hdf5 or folder; path or s3://)")],
     as_json: Json = False,
 ) -> None:
     """Show a dataset: format, episodes, steps, keys with dtypes and shapes, bytes on disk."""
@@ -361,7 +363,9 @@ def info(
     ),
 )
 def train(
-    data: Annotated[Path | None, typer.Option(help="dataset to stream clips from")] = None,
+    data: Annotated[
+        str | None, typer.Option(help="dataset (path or s3:// URI) to stream clips from")
+    ] = None,
     steps: Annotated[int | None, typer.Option(help="optimizer steps to train to")] = None,
     batch_size: BatchSize = None,
     history_len: HistoryLen = None,

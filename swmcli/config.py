@@ -8,14 +8,31 @@ and nowhere else. Each run directory keeps its resolved config as ``config.json`
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+)
 
 from swmcli.errors import CheckpointError, UsageError
 from swmcli.units import parse_size
 
 CONFIG_FILE = "config.json"
+
+
+def _dataset_location(value: Any) -> Any:
+    return Path(value) if isinstance(value, str) and "://" not in value else value
+
+
+# A dataset's place: a local Path, or an object-store URI kept as the string it is (pathlib
+# would fold ``s3://`` into ``s3:/``); storage checks the URI when it opens it.
+DatasetPath = Annotated[Path | str, BeforeValidator(_dataset_location)]
 
 
 class Section(BaseModel):
@@ -48,7 +65,9 @@ class CollectConfig(Section):
     policy: Literal["expert", "random"] = Field(
         "expert", description="who picks the actions: expert or random"
     )
-    out: Path = Field(Path("data/tworoom.lance"), description="dataset to write or append to")
+    out: DatasetPath = Field(
+        Path("data/tworoom.lance"), description="dataset (path or s3:// URI) to write or append to"
+    )
     format: Literal["lance", "hdf5", "folder"] | None = Field(
         None,
         description="lance, hdf5 or folder; default: from the --out suffix, else lance",
@@ -59,7 +78,9 @@ class CollectConfig(Section):
 class DataConfig(Section):
     """Streaming clips from a dataset on disk."""
 
-    path: Path = Field(Path("data/tworoom.lance"), description="dataset to stream clips from")
+    path: DatasetPath = Field(
+        Path("data/tworoom.lance"), description="dataset (path or s3:// URI) to stream clips from"
+    )
     history_len: PositiveInt = Field(4, description="observations per clip")
     frameskip: PositiveInt = Field(2, description="observation stride; actions stay dense")
     num_workers: int = Field(2, ge=0, description="DataLoader worker processes")

@@ -45,7 +45,7 @@ def _episode_count(path: str | Path) -> int:
     """The episodes of the dataset at ``path``, for the progress bar."""
     from swmcli.core.storage import open_reader
 
-    reader = open_reader(Path(path))
+    reader = open_reader(path)
     try:
         return reader.num_episodes
     finally:
@@ -60,7 +60,7 @@ def run_info(path: str | Path) -> CommandResult:
 
     from swmcli.core.storage import open_reader
 
-    reader = open_reader(Path(path))
+    reader = open_reader(path)
     try:
         on_disk = reader.nbytes_on_disk
         steps = reader.num_steps

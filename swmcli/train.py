@@ -74,8 +74,11 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
     if cfg.online.enabled and cfg.online.record is not None:
         # `swm eval RUN_DIR` reads held-out episodes from the data the run recorded.
         cfg = with_settings(cfg, {"data.path": cfg.online.record})
+    from swmcli.core.storage import location
+
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
-    cfg = with_settings(cfg, {"data.path": Path(cfg.data.path).resolve()})
+    data_path = location.resolve(location.as_location(cfg.data.path))
+    cfg = with_settings(cfg, {"data.path": data_path})
     save_config(cfg, run_dir)
     return cfg
 
