@@ -135,14 +135,14 @@ def test_hdf5_on_object_storage_reads_through_fsspec(s3, tmp_path):
     there = load_dataset(remote, history_len=3, frameskip=1)
     assert there.format == "hdf5" and len(there) == len(here)
     rows = [0, len(here) // 2, len(here) - 1]
-    for key, value in here.__getitems__(rows).items():
-        np.testing.assert_array_equal(there.__getitems__(rows)[key], value)
+    for key, value in here.read_batch(rows).items():
+        np.testing.assert_array_equal(there.read_batch(rows)[key], value)
 
 
 def test_object_storage_errors_are_one_line_with_a_hint(s3):
     runner = CliRunner()
     missing = runner.invoke(app, ["info", f"{s3}/nothing.lance"])
-    assert missing.exit_code == 1 and "no dataset at" in missing.output
+    assert missing.exit_code == 2 and "no dataset at" in missing.output
     assert "Traceback" not in missing.output
     hdf5 = runner.invoke(app, ["collect", "--preset", "tiny", "--out", f"{s3}/x.h5"])
     assert hdf5.exit_code == 2 and "cannot write a hdf5 dataset to object storage" in hdf5.output
