@@ -53,7 +53,17 @@ MaxSteps = Annotated[
         "collect stops once this many steps are written"
     ),
 ]
-BatchSize = Annotated[int | None, typer.Option(help="clips per micro-batch")]
+BatchSize = Annotated[
+    int | None,
+    typer.Option(help="clips per micro-batch, all ranks together (each reads its share)"),
+]
+Nproc = Annotated[
+    int | None,
+    typer.Option(
+        help="data-parallel processes, one per GPU (or CPU processes): swm train launches them "
+        "with torchrun"
+    ),
+]
 HistoryLen = Annotated[int | None, typer.Option(help="observations per clip")]
 Frameskip = Annotated[int | None, typer.Option(help="observation stride; actions stay dense")]
 Bf16 = Annotated[
@@ -97,6 +107,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "updates_per_step": "online.updates_per_step",
         "warmup_steps": "online.warmup_steps",
         "record": "online.record",
+        "nproc": "runtime.nproc",
     },
     "eval": {"episodes": "eval.episodes", "planner": "eval.planner", "bf16": "runtime.bf16"},
     "memprofile": {
@@ -108,6 +119,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "bf16": "runtime.bf16",
         "budget": "memprofile.budget",
         "ram_budget": "memprofile.ram_budget",
+        "nproc": "runtime.nproc",
     },
 }
 TYPE_WORDS = {"int": "INTEGER", "float": "NUMBER", "Path": "PATH", "str": "TEXT", "bool": ""}
@@ -232,7 +244,8 @@ def _run(
             job = getattr(importlib.import_module(module), name)
         monitor = MemoryMonitor(track_tensors=track_tensors)
         result = job(cfg, monitor, **kwargs)
-        report.emit(result, monitor.report, as_json)
+        if result is not None:  # None: another process reported (data-parallel ranks)
+            report.emit(result, monitor.report, as_json)
 
 
 def _version(value: bool) -> None:
@@ -425,13 +438,15 @@ def train(
             "buffer from it"
         ),
     ] = None,
+    nproc: Nproc = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,
     as_json: Json = False,
 ) -> None:
     """Train a world model from clips streamed from disk, held in memory, or collected online;
-    checkpoints are atomic and resumable."""
+    checkpoints are atomic and resumable. Also runs data-parallel under torchrun
+    (torchrun --nproc-per-node N -m swmcli train), which --nproc N launches on this machine."""
     flags = _flags("train", locals())
     _run(
         "swmcli.train:run_train",
@@ -443,6 +458,7 @@ def train(
         track_tensors=True,
         resume=resume,
         steps=steps,
+        json_output=as_json,
     )
 
 
@@ -496,6 +512,7 @@ def memprofile(
     snapshot: Annotated[
         Path | None, typer.Option(help="write a CUDA memory snapshot (GPU)")
     ] = None,
+    nproc: Nproc = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,

@@ -144,13 +144,20 @@ class RuntimeConfig(Section):
     cpu_threads: PositiveInt | None = Field(
         None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
     )
+    nproc: PositiveInt = Field(
+        1,
+        description="data-parallel processes, one per GPU (or CPU processes): swm train "
+        "launches them with torchrun",
+    )
 
 
 class TrainConfig(Section):
     """`swm train`: the optimization loop and its memory levers."""
 
     steps: PositiveInt = Field(1000, description="optimizer steps to train to")
-    batch_size: PositiveInt = Field(64, description="clips per micro-batch")
+    batch_size: PositiveInt = Field(
+        64, description="clips per micro-batch, all ranks together (each reads its share)"
+    )
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
     lr: float = Field(3e-4, gt=0, description="peak learning rate (warm-up, then cosine)")
     weight_decay: float = Field(0.05, ge=0, description="AdamW weight decay")

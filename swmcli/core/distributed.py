@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from swmcli.errors import SwmError, UsageError
+from swmcli.errors import SwmError, UsageError, first_line
 
 # A rank that stops answering ends the run after this long (a dead peer's closed socket ends it
 # at once; this bounds a hung one).
@@ -56,23 +56,25 @@ def check_batch_split(world: World, batch_size: int) -> int:
     return batch_size // world.size
 
 
-def rank_device(world: World, device):
-    """This rank's device: ``cuda:LOCAL_RANK`` on a GPU machine, else the device given."""
+def rank_device(world: World) -> str | None:
+    """This rank's device when data-parallel on a GPU machine (``cuda:LOCAL_RANK``, one process
+    per GPU); None lets the runner choose."""
     import torch
 
-    if world.size > 1 and device.type == "cuda":
-        torch.cuda.set_device(world.local_rank)
-        return torch.device("cuda", world.local_rank)
-    return device
+    if world.size == 1 or not torch.cuda.is_available():
+        return None
+    torch.cuda.set_device(world.local_rank)
+    return f"cuda:{world.local_rank}"
 
 
-def start(world: World, device) -> None:
+def start(world: World) -> None:
     """Join the process group (NCCL on CUDA, gloo on the CPU); nothing in a world of one."""
     if world.size == 1:
         return
+    import torch
     import torch.distributed as dist
 
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
 
 
@@ -82,6 +84,29 @@ def stop(world: World) -> None:
 
     if world.size > 1 and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def wrap(model, world: World, device):
+    """``model`` under DistributedDataParallel (gradients averaged over the ranks in backward);
+    the model itself in a world of one."""
+    if world.size == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def any_rank(flag: bool, world: World) -> bool:
+    """True on every rank when ``flag`` is true on any (all ranks stop at the same step)."""
+    if world.size == 1:
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([int(flag)])
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
 
 
 def rank_share(order: np.ndarray, batch_size: int, world: World) -> np.ndarray:
@@ -98,7 +123,7 @@ def mean_over_ranks(values: dict[str, float], world: World) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    keys = sorted(values)
+    keys = list(values)
     tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
     dist.all_reduce(tensor)
     return {k: float(v) / world.size for k, v in zip(keys, tensor.tolist(), strict=True)}
@@ -115,11 +140,59 @@ def gather_objects(value, world: World) -> list:
     return gathered
 
 
-def lost_rank_error(error: Exception, world: World) -> SwmError:
-    """A collective that failed because another rank died, as one line with a hint."""
-    from swmcli.errors import first_line
+def is_lost_rank(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because a peer rank went away."""
+    import torch.distributed as dist
 
+    return isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError) and "gloo" in str(error).lower()
+    )
+
+
+def lost_rank_error(error: BaseException, world: World, run_dir) -> SwmError:
+    """A collective that failed because another rank died, as one line with a hint."""
     return SwmError(
-        f"rank {world.rank}: another rank stopped during training ({first_line(error)})",
-        hint="the run ends; `swm train --out RUN_DIR --resume` continues from its last checkpoint",
+        f"rank {world.rank}: another rank stopped answering ({first_line(error)})",
+        hint=f"the run ends here; `swm train --out {run_dir} --resume` (same --nproc) continues "
+        "from its last checkpoint",
+    )
+
+
+def launch(nproc: int, arguments: list[str]) -> None:
+    """Run ``python -m swmcli ARGUMENTS`` as ``nproc`` ranks on this machine with torchrun
+    (``torch.distributed.run``, standalone rendezvous); a clear error when a rank fails."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    launcher = ["--standalone", "--nproc-per-node", str(nproc), "--module", "swmcli"]
+    args = get_args_parser().parse_args([*launcher, *arguments])
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
+    # torchrun logs each failure at length; the error below says it in one line.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        run(args)
+    except ChildFailedError as failed:
+        raise _failed_ranks_error(failed.failures) from None
+
+
+def _failed_ranks_error(failures: dict) -> SwmError:
+    """One line naming each failed rank and how it ended (exit code or signal)."""
+    import signal
+
+    ends, codes = [], set()
+    for rank, failure in sorted(failures.items()):
+        code = failure.exitcode
+        if code < 0:
+            ends.append(f"rank {rank} was killed by {signal.Signals(-code).name}")
+            codes.add(1)
+        else:
+            ends.append(f"rank {rank} exited with code {code}")
+            codes.add(code)
+    interrupted = codes == {130}
+    return SwmError(
+        f"data-parallel training stopped: {'; '.join(ends)}",
+        hint="the last checkpoint is kept: rerun with --resume (same --nproc) to continue",
+        exit_code=130 if interrupted else 1,
     )
