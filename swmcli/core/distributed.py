@@ -151,8 +151,13 @@ def is_lost_rank(error: BaseException) -> bool:
 
 def lost_rank_error(error: BaseException, world: World, run_dir) -> SwmError:
     """A collective that failed because another rank died, as one line with a hint."""
+    import re
+
+    # gloo's message: "[.../pair.cc:537] Read error [127.0.0.1]:3998: Connection reset by peer.
+    # This is typically caused by ..." -> its first sentence, without the source location.
+    reason = re.sub(r"^\[[^\]]*\]\s*", "", first_line(error)).split(". ")[0]
     return SwmError(
-        f"rank {world.rank}: another rank stopped answering ({first_line(error)})",
+        f"rank {world.rank}: another rank stopped answering ({reason})",
         hint=f"the run ends here; `swm train --out {run_dir} --resume` (same --nproc) continues "
         "from its last checkpoint",
     )
@@ -163,6 +168,7 @@ def launch(nproc: int, arguments: list[str]) -> None:
     (``torch.distributed.run``, standalone rendezvous); a clear error when a rank fails."""
     import logging
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
@@ -173,26 +179,26 @@ def launch(nproc: int, arguments: list[str]) -> None:
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         run(args)
+    except SignalException:  # Ctrl-C or SIGTERM: torchrun has stopped the ranks
+        raise KeyboardInterrupt from None
     except ChildFailedError as failed:
         raise _failed_ranks_error(failed.failures) from None
 
 
 def _failed_ranks_error(failures: dict) -> SwmError:
-    """One line naming each failed rank and how it ended (exit code or signal)."""
+    """One line naming the rank that failed first and how (exit code or signal)."""
     import signal
 
-    ends, codes = [], set()
-    for rank, failure in sorted(failures.items()):
-        code = failure.exitcode
-        if code < 0:
-            ends.append(f"rank {rank} was killed by {signal.Signals(-code).name}")
-            codes.add(1)
-        else:
-            ends.append(f"rank {rank} exited with code {code}")
-            codes.add(code)
-    interrupted = codes == {130}
+    # Timestamps are whole seconds: on a tie, not the ranks torchrun itself stopped (SIGTERM).
+    rank, first = min(
+        failures.items(),
+        key=lambda item: (item[1].timestamp, item[1].exitcode == -signal.SIGTERM, item[0]),
+    )
+    code = first.exitcode
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    others = " (torchrun then stopped the other ranks)" if len(failures) > 1 else ""
     return SwmError(
-        f"data-parallel training stopped: {'; '.join(ends)}",
+        f"data-parallel training stopped: rank {rank} {how}{others}",
         hint="the last checkpoint is kept: rerun with --resume (same --nproc) to continue",
-        exit_code=130 if interrupted else 1,
+        exit_code=130 if code == 130 else 1,
     )
