@@ -100,9 +100,9 @@ def test_two_ranks_train_as_one_process_and_a_killed_rank_resumes(data, tmp_path
     assert "Traceback" not in stderr
 
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun += ["--nproc-per-node", "2", "-m", "swmcli", "train", "--resume", "--json"]
     resumed = subprocess.run(
-        [*torchrun, "--nproc-per-node", "2", "-m", "swmcli", "train", "--resume", "--json"]
-        + ["--out", str(run_dir)],  # noqa: RUF005 - the torchrun line, then the run
+        [*torchrun, "--out", str(run_dir)],
         env=_env(),
         capture_output=True,
         text=True,
