@@ -21,6 +21,7 @@ from swmcli.config import resolve_config
 from swmcli.core.distributed import World, check_batch_split, rank_share
 from swmcli.core.memory import MemoryMonitor
 from swmcli.errors import UsageError
+from swmcli.prediction import PeakPredictor, Variant, ddp_bucket_bytes
 from swmcli.train import run_train
 
 ROOT = Path(__file__).parents[1]
@@ -54,6 +55,18 @@ def test_each_rank_reads_a_disjoint_share_of_every_global_batch():
         assert list(first) + list(second) == list(order[batch * 16 : (batch + 1) * 16])
     with pytest.raises(UsageError, match="equal shares"):
         check_batch_split(World(size=3), 16)
+
+
+def test_memprofile_predicts_one_ranks_peak_with_global_statistics_and_ddp_buckets():
+    step = {"pixels": np.zeros((32, 32, 3), np.uint8), "action": np.zeros(2, np.float32)}
+    predictor = PeakPredictor(resolve_config("tiny"), step)
+    half = predictor.predict(Variant("train", False, 8, 3, 1))
+    whole = predictor.predict(Variant("train", False, 16, 3, 1))
+    rank = predictor.predict(Variant("train", False, 16, 3, 1, ranks=2))
+    buckets = ddp_bucket_bytes(predictor.model(3, 1))
+    assert rank.by_category["ddp_buckets"] == buckets > 0
+    # A rank holds 8 clips, but SIGReg sees the latents of all 16 (gathered from every rank).
+    assert half.peak_bytes + buckets < rank.peak_bytes < whole.peak_bytes + buckets
 
 
 def _rank_pid(launcher: int, rank: int) -> int | None:

@@ -13,6 +13,9 @@ Why not ``torch.nn.SyncBatchNorm``: it refuses CPU tensors, and DDP here also ru
 one code path, tested on CPU, serves both.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -26,11 +29,26 @@ def data_parallel_world() -> int:
     return dist.get_world_size()
 
 
+_simulated_ranks = 1  # see simulated_ranks
+
+
+@contextmanager
+def simulated_ranks(count: int) -> Iterator[None]:
+    """Within the block, without a process group, ``gather_rows`` returns ``count`` copies of
+    the rows: what one rank of ``count`` holds, for predicting its memory on fake tensors."""
+    global _simulated_ranks
+    previous, _simulated_ranks = _simulated_ranks, count
+    try:
+        yield
+    finally:
+        _simulated_ranks = previous
+
+
 def gather_rows(rows: torch.Tensor) -> torch.Tensor:
     """Every rank's ``rows`` stacked in rank order (gradients flow back to each rank's rows);
     ``rows`` itself without data parallelism. Ranks must hold equally many rows."""
     if data_parallel_world() == 1:
-        return rows
+        return rows if _simulated_ranks == 1 else torch.cat([rows] * _simulated_ranks)
     import torch.distributed as dist
     from torch.distributed import _functional_collectives as collectives
 
