@@ -72,6 +72,11 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world) -> SwmC
         moved = {"train.out": run_dir, "train.steps": steps}
         cfg = load_run_config(run_dir, moved)
         info(f"resuming {run_dir} with its saved config, to step {cfg.train.steps}")
+        if cfg.runtime.nproc != world.size:
+            info(
+                f"it trained on {cfg.runtime.nproc} rank(s), this run has {world.size}: the same "
+                "global batches, losses equal up to float rounding (not bit for bit)"
+            )
     elif checkpoint_path(run_dir).exists():
         raise UsageError(
             f"{run_dir} already holds a trained run",
