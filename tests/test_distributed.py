@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swmcli.collect import run_collect
 from swmcli.config import resolve_config
 from swmcli.core.distributed import World, check_batch_split, rank_share
 from swmcli.core.memory import MemoryMonitor
@@ -36,14 +35,6 @@ def _env() -> dict[str, str]:
 
 def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ddp") / "tiny.lance"
-    cfg = resolve_config("tiny", flags={"collect.out": out, "collect.episodes": 10})
-    run_collect(cfg, MemoryMonitor())
-    return out
 
 
 def test_each_rank_reads_a_disjoint_share_of_every_global_batch():
@@ -84,10 +75,11 @@ def _rank_pid(launcher: int, rank: int) -> int | None:
     return None
 
 
-def test_two_ranks_train_as_one_process_and_a_killed_rank_resumes(data, tmp_path):
+def test_two_ranks_train_as_one_process_and_a_killed_rank_resumes(tiny_data, tmp_path):
     """``swm train --nproc 2``, one rank killed, then ``torchrun ... -m swmcli train --resume``:
     every step's figures equal a single process's with the same global batch."""
     single = tmp_path / "one"
+    data = tiny_data
     flags = {"data.path": data, "train.out": single, "train.steps": STEPS, "train.log_every": 1}
     run_train(resolve_config("tiny", flags=flags), MemoryMonitor())
 
