@@ -469,6 +469,8 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint, wo
                         f"estimate: about {format_seconds(remaining * seconds)} for the remaining "
                         f"{remaining} steps ({seconds:.3g} s per step, measured on step {done})"
                     )
+                if stop and not world.is_main:
+                    raise SystemExit(130)  # rank 0 reports the interruption for every rank
                 if stop:
                     raise SwmError(
                         f"interrupted after step {done}: checkpoint saved in {run_dir}",

@@ -175,8 +175,11 @@ def launch(nproc: int, arguments: list[str]) -> None:
     launcher = ["--standalone", "--nproc-per-node", str(nproc), "--module", "swmcli"]
     args = get_args_parser().parse_args([*launcher, *arguments])
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its warning
-    # torchrun logs each failure at length; the error below says it in one line.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # torchrun logs each failure at length (each of its loggers with its own level); the error
+    # below says it in one line.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         run(args)
     except SignalException:  # Ctrl-C or SIGTERM: torchrun has stopped the ranks
