@@ -272,9 +272,7 @@ def _root(
     ),
 )
 def collect(
-    env: Annotated[
-        str | None, typer.Option(help="gymnasium env id")
-    ] = None,
+    env: Annotated[str | None, typer.Option(help="gymnasium env id")] = None,
     episodes: Annotated[
         int | None, typer.Option(help="finished episodes to collect; default: fill --max-steps")
     ] = None,

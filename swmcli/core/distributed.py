@@ -11,15 +11,10 @@ batch through ``models.global_batch``.
 
 import os
 from dataclasses import dataclass
-from datetime import timedelta
 
 import numpy as np
 
 from swmcli.errors import SwmError, UsageError, first_line
-
-# A rank that stops answering ends the run after this long (a dead peer's closed socket ends it
-# at once; this bounds a hung one).
-COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -75,7 +70,9 @@ def start(world: World) -> None:
     import torch.distributed as dist
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+    # torch's timeouts: a dead peer's closed socket ends a gloo collective at once; a hung rank
+    # ends the run after the backend's default (gloo 30 min, NCCL 10 min).
+    dist.init_process_group(backend)
 
 
 def stop(world: World) -> None:
@@ -104,9 +101,19 @@ def any_rank(flag: bool, world: World) -> bool:
     import torch
     import torch.distributed as dist
 
-    tensor = torch.tensor([int(flag)])
+    tensor = torch.tensor([int(flag)], device=_collective_device())
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return bool(tensor.item())
+
+
+def _collective_device():
+    """Where a small tensor must be for a collective: NCCL reduces only CUDA tensors."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def rank_share(order: np.ndarray, batch_size: int, world: World) -> np.ndarray:
@@ -124,7 +131,9 @@ def mean_over_ranks(values: dict[str, float], world: World) -> dict[str, float]:
     import torch.distributed as dist
 
     keys = list(values)
-    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    tensor = torch.tensor(
+        [float(values[k]) for k in keys], dtype=torch.float64, device=_collective_device()
+    )
     dist.all_reduce(tensor)
     return {k: float(v) / world.size for k, v in zip(keys, tensor.tolist(), strict=True)}
 
