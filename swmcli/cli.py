@@ -269,6 +269,7 @@ def _root(
         "swm collect --preset tiny",
         "swm collect --episodes 200 --resolution 64 --out data/tworoom.lance",
         "swm collect --env CartPole-v1 --policy random --steps 5000 --format hdf5 --out data/cp.h5",
+        "swm collect --preset tiny --out s3://swm-bucket/tworoom/tiny.lance",
     ),
 )
 def collect(
@@ -315,6 +316,7 @@ def collect(
         "swm convert data/tworoom.lance data/tworoom.h5",
         "swm convert data/tworoom.h5 data/frames --to folder --keys pixels,action",
         "swm convert data/a.lance data/a.h5 --overwrite",
+        "swm convert s3://swm-bucket/tworoom/tiny.lance data/tiny.h5",
     ),
 )
 def convert(
@@ -345,6 +347,7 @@ def convert(
     cls=_HelpInWords,
     epilog=_examples(
         "swm info data/tworoom.lance",
+        "swm info s3://swm-bucket/tworoom/tiny.lance",
     ),
 )
 def info(
@@ -371,6 +374,8 @@ def info(
         "swm train --preset tiny --resume",
         "swm train --preset tworoom-64 --in-memory --max-steps 20000",
         "swm train --preset tworoom-64 --online --env swm/TwoRoom-v0 --record data/online.lance",
+        "swm train --preset tiny --nproc 2",
+        "swm train --preset tiny --data s3://swm-bucket/tworoom/tiny.lance --out runs/tiny-s3",
     ),
 )
 def train(
@@ -495,6 +500,7 @@ def eval_(
         "swm memprofile --resolution 224 --budget 24GiB",
         "swm memprofile --preset gpu24-224-bf16 --budget 24GiB --ram-budget 64GB --json",
         "swm memprofile --run runs/tiny",
+        "swm memprofile --preset gpu24-224-bf16 --nproc 8",
     ),
 )
 def memprofile(
