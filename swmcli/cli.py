@@ -544,4 +544,9 @@ def _interrupt(signum, frame) -> None:
 def main() -> None:
     """Console-script entry point. SIGTERM stops as Ctrl-C does: finished work is kept, exit 130."""
     signal.signal(signal.SIGTERM, _interrupt)
-    app()
+    try:
+        app()
+    finally:
+        # Leaving already (its result or error shown): a late SIGTERM, such as torchrun stopping
+        # the other ranks once one has failed, must not break the exit with a traceback.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
