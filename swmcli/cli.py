@@ -53,7 +53,17 @@ MaxSteps = Annotated[
         "collect stops once this many steps are written"
     ),
 ]
-BatchSize = Annotated[int | None, typer.Option(help="clips per micro-batch")]
+BatchSize = Annotated[
+    int | None,
+    typer.Option(help="clips per micro-batch, all ranks together (each reads its share)"),
+]
+Nproc = Annotated[
+    int | None,
+    typer.Option(
+        help="data-parallel processes, one per GPU (or CPU processes): swm train launches them "
+        "with torchrun"
+    ),
+]
 HistoryLen = Annotated[int | None, typer.Option(help="observations per clip")]
 Frameskip = Annotated[int | None, typer.Option(help="observation stride; actions stay dense")]
 Bf16 = Annotated[
@@ -97,6 +107,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "updates_per_step": "online.updates_per_step",
         "warmup_steps": "online.warmup_steps",
         "record": "online.record",
+        "nproc": "runtime.nproc",
     },
     "eval": {
         "protocol": "eval.protocol",
@@ -120,6 +131,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "bf16": "runtime.bf16",
         "budget": "memprofile.budget",
         "ram_budget": "memprofile.ram_budget",
+        "nproc": "runtime.nproc",
     },
 }
 TYPE_WORDS = {"int": "INTEGER", "float": "NUMBER", "Path": "PATH", "str": "TEXT", "bool": ""}
@@ -244,7 +256,8 @@ def _run(
             job = getattr(importlib.import_module(module), name)
         monitor = MemoryMonitor(track_tensors=track_tensors)
         result = job(cfg, monitor, **kwargs)
-        report.emit(result, monitor.report, as_json)
+        if result is not None:  # None: another process reported (data-parallel ranks)
+            report.emit(result, monitor.report, as_json)
 
 
 def _version(value: bool) -> None:
@@ -268,6 +281,7 @@ def _root(
         "swm collect --preset tiny",
         "swm collect --episodes 200 --resolution 64 --out data/tworoom.lance",
         "swm collect --env CartPole-v1 --policy random --steps 5000 --format hdf5 --out data/cp.h5",
+        "swm collect --preset tiny --out s3://swm-bucket/tworoom/tiny.lance",
     ),
 )
 def collect(
@@ -283,7 +297,9 @@ def collect(
     policy: Annotated[
         str | None, typer.Option(help="who picks the actions: expert or random")
     ] = None,
-    out: Annotated[Path | None, typer.Option(help="dataset to write or append to")] = None,
+    out: Annotated[
+        str | None, typer.Option(help="dataset (path or s3:// URI) to write or append to")
+    ] = None,
     format: Annotated[
         str | None,
         typer.Option(help="lance, hdf5 or folder; default: from the --out suffix, else lance"),
@@ -312,11 +328,12 @@ def collect(
         "swm convert data/tworoom.lance data/tworoom.h5",
         "swm convert data/tworoom.h5 data/frames --to folder --keys pixels,action",
         "swm convert data/a.lance data/a.h5 --overwrite",
+        "swm convert s3://swm-bucket/tworoom/tiny.lance data/tiny.h5",
     ),
 )
 def convert(
-    src: Annotated[Path, typer.Argument(help="dataset to read (never modified)")],
-    dst: Annotated[Path, typer.Argument(help="dataset to write")],
+    src: Annotated[str, typer.Argument(help="dataset (path or s3:// URI) to read, never modified")],
+    dst: Annotated[str, typer.Argument(help="dataset (path or s3:// URI) to write")],
     to: Annotated[
         str | None, typer.Option(help="lance, hdf5 or folder (default: DST suffix)")
     ] = None,
@@ -343,10 +360,11 @@ def convert(
     epilog=_examples(
         "swm info data/tworoom.lance",
         "swm info data/tworoom.h5 --verify",
+        "swm info s3://swm-bucket/tworoom/tiny.lance",
     ),
 )
 def info(
-    path: Annotated[Path, typer.Argument(help="a dataset (lance, hdf5 or folder)")],
+    path: Annotated[str, typer.Argument(help="a dataset (lance, hdf5 or folder; path or s3://)")],
     verify: Annotated[
         bool, typer.Option("--verify", help="read every episode against its checksums")
     ] = False,
@@ -372,10 +390,14 @@ def info(
         "swm train --preset tiny --resume",
         "swm train --preset tworoom-64 --in-memory --max-steps 20000",
         "swm train --preset tworoom-64 --online --env swm/TwoRoom-v0 --record data/online.lance",
+        "swm train --preset tiny --nproc 2",
+        "swm train --preset tiny --data s3://swm-bucket/tworoom/tiny.lance --out runs/tiny-s3",
     ),
 )
 def train(
-    data: Annotated[Path | None, typer.Option(help="dataset to stream clips from")] = None,
+    data: Annotated[
+        str | None, typer.Option(help="dataset (path or s3:// URI) to stream clips from")
+    ] = None,
     steps: Annotated[int | None, typer.Option(help="optimizer steps to train to")] = None,
     batch_size: BatchSize = None,
     history_len: HistoryLen = None,
@@ -435,13 +457,15 @@ def train(
             "buffer from it"
         ),
     ] = None,
+    nproc: Nproc = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,
     as_json: Json = False,
 ) -> None:
     """Train a world model from clips streamed from disk, held in memory, or collected online;
-    checkpoints are atomic and resumable."""
+    checkpoints are atomic and resumable. Also runs data-parallel under torchrun
+    (torchrun --nproc-per-node N -m swmcli train), which --nproc N launches on this machine."""
     flags = _flags("train", locals())
     _run(
         "swmcli.train:run_train",
@@ -453,6 +477,7 @@ def train(
         track_tensors=True,
         resume=resume,
         steps=steps,
+        json_output=as_json,
     )
 
 
@@ -524,6 +549,7 @@ def eval_(
         "swm memprofile --resolution 224 --budget 24GiB",
         "swm memprofile --preset gpu24-224-bf16 --budget 24GiB --ram-budget 64GB --json",
         "swm memprofile --run runs/tiny",
+        "swm memprofile --preset gpu24-224-bf16 --nproc 8",
     ),
 )
 def memprofile(
@@ -539,6 +565,7 @@ def memprofile(
     snapshot: Annotated[
         Path | None, typer.Option(help="write a CUDA memory snapshot (GPU)")
     ] = None,
+    nproc: Nproc = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,
@@ -566,4 +593,9 @@ def _interrupt(signum, frame) -> None:
 def main() -> None:
     """Console-script entry point. SIGTERM stops as Ctrl-C does: finished work is kept, exit 130."""
     signal.signal(signal.SIGTERM, _interrupt)
-    app()
+    try:
+        app()
+    finally:
+        # Leaving already (its result or error shown): a late SIGTERM, such as torchrun stopping
+        # the other ranks once one has failed, must not break the exit with a traceback.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -77,11 +77,11 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
             env.close()
     seconds = time.perf_counter() - start
 
-    from swmcli.core.storage import open_reader
+    from swmcli.core.storage import location, open_reader
 
     reader = open_reader(settings.out)
-    config_path = settings.out.with_name(settings.out.name + ".config.json")
-    config_path.write_text(cfg.model_dump_json(indent=2) + "\n")
+    config_path = location.with_name(settings.out, location.name(settings.out) + ".config.json")
+    location.write_text(config_path, cfg.model_dump_json(indent=2) + "\n")
     result = CommandResult(
         title="collect",
         fields={

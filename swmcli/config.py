@@ -8,9 +8,17 @@ and nowhere else. Each run directory keeps its resolved config as ``config.json`
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+)
 
 from swmcli.errors import CheckpointError, UsageError
 from swmcli.units import parse_size
@@ -18,6 +26,15 @@ from swmcli.units import parse_size
 SEED_MAX = 2**32 - 1  # what numpy's legacy seeding and gymnasium accept everywhere
 
 CONFIG_FILE = "config.json"
+
+
+def _dataset_location(value: Any) -> Any:
+    return Path(value) if isinstance(value, str) and "://" not in value else value
+
+
+# A dataset's place: a local Path, or an object-store URI kept as the string it is (pathlib
+# would fold ``s3://`` into ``s3:/``); storage checks the URI when it opens it.
+DatasetPath = Annotated[Path | str, BeforeValidator(_dataset_location)]
 
 
 class Section(BaseModel):
@@ -57,7 +74,9 @@ class CollectConfig(Section):
         "policy's: shows the model what expert data never does; the held-out tail stays the "
         "policy's",
     )
-    out: Path = Field(Path("data/tworoom.lance"), description="dataset to write or append to")
+    out: DatasetPath = Field(
+        Path("data/tworoom.lance"), description="dataset (path or s3:// URI) to write or append to"
+    )
     format: Literal["lance", "hdf5", "folder"] | None = Field(
         None,
         description="lance, hdf5 or folder; default: from the --out suffix, else lance",
@@ -68,7 +87,9 @@ class CollectConfig(Section):
 class DataConfig(Section):
     """Streaming clips from a dataset on disk."""
 
-    path: Path = Field(Path("data/tworoom.lance"), description="dataset to stream clips from")
+    path: DatasetPath = Field(
+        Path("data/tworoom.lance"), description="dataset (path or s3:// URI) to stream clips from"
+    )
     history_len: PositiveInt = Field(3, description="observations per clip")
     frameskip: PositiveInt = Field(5, description="observation stride; actions stay dense")
     num_workers: int = Field(2, ge=0, description="DataLoader worker processes")
@@ -138,13 +159,20 @@ class RuntimeConfig(Section):
     cpu_threads: PositiveInt | None = Field(
         None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
     )
+    nproc: PositiveInt = Field(
+        1,
+        description="data-parallel processes, one per GPU (or CPU processes): swm train "
+        "launches them with torchrun",
+    )
 
 
 class TrainConfig(Section):
     """`swm train`: the optimization loop and its memory levers."""
 
     steps: PositiveInt = Field(2000, description="optimizer steps to train to")
-    batch_size: PositiveInt = Field(64, description="clips per micro-batch")
+    batch_size: PositiveInt = Field(
+        64, description="clips per micro-batch, all ranks together (each reads its share)"
+    )
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
     lr: float = Field(5e-4, gt=0, description="peak learning rate (warm-up, then cosine)")
     weight_decay: float = Field(0.05, ge=0, description="AdamW weight decay")

@@ -45,7 +45,7 @@ def _episode_count(path: str | Path) -> int:
     """The episodes of the dataset at ``path``, for the progress bar."""
     from swmcli.core.storage import open_reader
 
-    reader = open_reader(Path(path))
+    reader = open_reader(path)
     try:
         return reader.num_episodes
     finally:
@@ -62,7 +62,7 @@ def run_info(path: str | Path, verify: bool = False) -> CommandResult:
     from swmcli.core.storage import open_reader
     from swmcli.core.storage.checksums import verify as verify_checksums
 
-    reader = open_reader(Path(path))
+    reader = open_reader(path)
     try:
         verified = verify_checksums(reader) if verify else {}
         on_disk = reader.nbytes_on_disk

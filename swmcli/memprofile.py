@@ -35,6 +35,7 @@ from swmcli.prediction import (
     Variant,
     clip_batch,
     cuda_runner,
+    ddp_bucket_bytes,
     eval_step,
     largest_fitting,
     train_step,
@@ -52,6 +53,7 @@ CATEGORY_LABELS = {
     "inputs": "inputs",
     "activations": "activations",
     "temporaries": "temporaries",
+    "ddp_buckets": "DDP buckets",
 }
 
 
@@ -221,7 +223,7 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
             if not row.variant.compile:
                 row.predicted = predictor.predict(row.variant)
         budget_fit = _fit_budget(cfg, predictor, rows)
-    if on_cuda:
+    if on_cuda and cfg.runtime.nproc == 1:
         measure_rows(rows, predictor, monitor, snapshot)
 
     fields = _fields(cfg, predictor, step, disk, sample_steps, budget_fit)
@@ -242,6 +244,7 @@ def _configured(cfg: SwmConfig, kind: str = "train") -> Variant:
         history_len=cfg.data.history_len,
         frameskip=cfg.data.frameskip,
         grad_free=kind == "eval",
+        ranks=cfg.runtime.nproc,
     )
 
 
@@ -260,7 +263,7 @@ def _fit_budget(cfg: SwmConfig, predictor: PeakPredictor, rows: list[Row]):
 
     batch = configured.batch_size
     known = {batch: need(batch), 2 * batch: need(2 * batch)}
-    best = largest_fitting(need, budget, known)
+    best = largest_fitting(need, budget, known) // configured.ranks * configured.ranks
     if not best:
         return 0, None
     variant = replace(configured, batch_size=best)
@@ -282,10 +285,13 @@ def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, A
         "model": f"{cfg.model.encoder} encoder + predictor",
         "model_parameters": sum(p.numel() for p in model.parameters()),
         "batch_size": cfg.train.batch_size,
+        "ranks": cfg.runtime.nproc,
+        "batch_per_rank": cfg.train.batch_size // cfg.runtime.nproc,
         "history_len": cfg.data.history_len,
         "frameskip": cfg.data.frameskip,
         "precision": "bf16 autocast" if cfg.runtime.bf16 else "fp32",
         "predicted_train_peak_bytes": peak,
+        "ddp_bucket_bytes": ddp_bucket_bytes(model) if cfg.runtime.nproc > 1 else 0,
         "predicted_eval_peak_bytes": predictor.predict(_configured(cfg, "eval")).peak_bytes,
         "cuda_allowance_bytes": cuda_allowance_bytes(peak),
         "predicted_train_needs_bytes": peak + cuda_allowance_bytes(peak),
@@ -377,7 +383,14 @@ def _notes(on_cuda: bool, fields: dict[str, Any], snapshot: Path | None) -> list
         )
     if fields.get("budget_batch_size") == 0:
         notes.append("No batch size fits the budget: even batch 1 needs more (see the allowance).")
-    if on_cuda:
+    if fields["ranks"] > 1:
+        notes.append(
+            f"Data-parallel over {fields['ranks']} ranks: training rows are one rank's peak "
+            f"(its {fields['batch_per_rank']} clips of each batch, SIGReg and BatchNorm over all "
+            f"{fields['batch_size']}, plus {format_bytes(fields['ddp_bucket_bytes'])} of DDP "
+            "gradient buckets); on a GPU, `swm train --nproc N` measures them per rank."
+        )
+    if on_cuda and fields["ranks"] == 1:
         notes.append("Measured: one step after a warm-up step, allocator peaks reset per row.")
     else:
         notes.append("torch.compile cannot be traced on fake CPU tensors: run on a GPU to measure.")

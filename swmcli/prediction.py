@@ -35,11 +35,21 @@ class Variant:
     frameskip: int
     grad_free: bool = False  # eval only: requires_grad_(False) + inference_mode
     compile: bool = False
+    ranks: int = 1  # data-parallel training: batch_size is global, each rank holds its share
+
+    @property
+    def rank_batch_size(self) -> int:
+        """Clips one rank holds (eval runs in one process: all of them)."""
+        if self.kind != "train":
+            return self.batch_size
+        return max(1, self.batch_size // self.ranks)
 
     def describe(self) -> str:
         """The settings in words, for the table."""
         precision = "bf16" if self.bf16 else "fp32"
         words = f"{precision} B={self.batch_size} H={self.history_len} F={self.frameskip}"
+        if self.ranks > 1 and self.kind == "train":
+            words += f" / {self.ranks} ranks"
         return words + " compiled" if self.compile else words
 
 
@@ -78,7 +88,7 @@ def clip_batch(step: dict[str, np.ndarray], variant: Variant, device: str = "cpu
     from swmcli.training import TRAIN_KEYS
 
     batch = {}
-    leading = (variant.batch_size, variant.history_len)
+    leading = (variant.rank_batch_size, variant.history_len)
     for key in TRAIN_KEYS:
         value = np.asarray(step[key])
         if key == "action":
@@ -161,14 +171,24 @@ class PeakPredictor:
         return self._models[key]
 
     def predict(self, variant: Variant) -> StepPeak:
-        """The predicted peak of ``variant`` (eager; compile is not predictable here)."""
+        """The predicted peak of ``variant`` (eager; compile is not predictable here).
+
+        Data-parallel training (``ranks`` > 1) is one rank's peak: its share of the batch, the
+        batch statistics over all ranks' latents, plus DDP's gradient buckets.
+        """
         variant = replace(variant, compile=False)
         if variant not in self._peaks:
             from swmcli.core.tracing import trace_step_peak
+            from swmcli.models.global_batch import simulated_ranks
 
             start = time.perf_counter()
             model = self.model(variant.history_len, variant.frameskip)
-            self._peaks[variant] = trace_step_peak(model, self.step_maker(variant))
+            data_parallel = variant.kind == "train" and variant.ranks > 1
+            with simulated_ranks(variant.ranks if data_parallel else 1):
+                peak = trace_step_peak(model, self.step_maker(variant))
+            if data_parallel:
+                peak = _with_ddp_buckets(peak, model)
+            self._peaks[variant] = peak
             self.seconds += time.perf_counter() - start
         return self._peaks[variant]
 
@@ -207,6 +227,19 @@ class PeakPredictor:
         """Predicted peak plus the CUDA allowance: what a GPU must have free for ``variant``."""
         peak = self.predict(variant).peak_bytes
         return peak + cuda_allowance_bytes(peak)
+
+
+def ddp_bucket_bytes(model) -> int:
+    """What DistributedDataParallel allocates per rank for its gradient buckets: one flat copy
+    of every trainable parameter's gradient (its default, ``gradient_as_bucket_view=False``)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def _with_ddp_buckets(peak: StepPeak, model) -> StepPeak:
+    # Allocated when DDP wraps the model and kept for the run: alive at every step's peak.
+    buckets = ddp_bucket_bytes(model)
+    by_category = {**peak.by_category, "ddp_buckets": buckets}
+    return replace(peak, peak_bytes=peak.peak_bytes + buckets, by_category=by_category)
 
 
 def largest_fitting(need: Callable[[int], int], budget: int, known: dict[int, int]) -> int:
@@ -249,8 +282,9 @@ def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device
     """Refuse, before anything is allocated, a training step the device cannot hold.
 
     Predicts the configured step's peak (plus the CUDA allowance on a GPU) and compares it with
-    the device's free memory (the host's available RAM on a CPU). Returns the bytes predicted;
-    raises ``BudgetExceeded`` naming the largest batch size that fits.
+    the device's free memory (the host's available RAM on a CPU, shared by the data-parallel
+    ranks). Returns the bytes predicted (per rank); raises ``BudgetExceeded`` naming the largest
+    (global) batch size that fits.
     """
     import torch
 
@@ -265,11 +299,18 @@ def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device
     }
     predictor = PeakPredictor(probe, step)
     on_cuda = torch.device(device).type == "cuda"
-    available = torch.cuda.mem_get_info(device)[0] if on_cuda else available_host_bytes()
+    ranks = cfg.runtime.nproc
+    host_share = available_host_bytes() // ranks  # data-parallel ranks share the host's RAM
+    available = torch.cuda.mem_get_info(device)[0] if on_cuda else host_share
 
     def need(batch_size: int) -> int:
         variant = Variant(
-            "train", cfg.runtime.bf16, batch_size, cfg.data.history_len, cfg.data.frameskip
+            "train",
+            cfg.runtime.bf16,
+            batch_size,
+            cfg.data.history_len,
+            cfg.data.frameskip,
+            ranks=ranks,
         )
         if on_cuda:
             return predictor.needed_bytes(variant)
@@ -278,11 +319,12 @@ def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device
     needed = need(cfg.train.batch_size)
     if needed <= available:
         return needed
-    known = {cfg.train.batch_size: needed, 1: need(1)}
-    best = largest_fitting(need, available, known)
+    known = {cfg.train.batch_size: needed, ranks: need(ranks)}
+    best = largest_fitting(need, available, known) // ranks * ranks
+    per_rank = " per rank" if ranks > 1 else ""
     raise BudgetExceeded(
         f"a training step at batch size {cfg.train.batch_size} needs about "
-        f"{format_bytes(needed)} but {format_bytes(available)} is free on {device}",
+        f"{format_bytes(needed)}{per_rank} but {format_bytes(available)} is free on {device}",
         hint=f"use --batch-size {best} or less, or --bf16 (`swm memprofile` shows the options)"
         if best
         else "lower --resolution or --history-len (even batch size 1 does not fit)",

@@ -36,10 +36,19 @@ class CommandResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def _stderr_console():
+_silenced = False  # set on data-parallel ranks other than 0: rank 0 speaks for the run
+
+
+def silence() -> None:
+    """From now on show no progress, log lines or warnings (errors still show)."""
+    global _silenced
+    _silenced = True
+
+
+def _stderr_console(errors: bool = False):
     from rich.console import Console
 
-    return Console(stderr=True)
+    return Console(stderr=True, quiet=_silenced and not errors)
 
 
 def _stdout_console():
@@ -249,7 +258,7 @@ def error(message: str, hint: str | None) -> None:
     """One line saying what went wrong and, below it, what to do (stderr)."""
     from rich.markup import escape
 
-    console = _stderr_console()
+    console = _stderr_console(errors=True)
     message, hint = _shorten(message), _shorten(hint) if hint else hint
     console.print(f"[bold red]error:[/bold red] {escape(message)}", highlight=False, soft_wrap=True)
     if hint:

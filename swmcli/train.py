@@ -13,16 +13,22 @@ Reproducible: the clip order of every step is a function of (seed, step) (see ``
 model init and SIGReg's random directions come from torch's seeded generator, and checkpoints
 carry that generator's state, so ``--resume`` continues with exactly the losses an uninterrupted
 run would have had, streamed or in memory (the two read the same clips).
+
+Data-parallel under torchrun (``core.distributed``): every rank runs this loop on its share of
+each global batch, DDP averages the gradients, batch statistics see the global batch, and rank 0
+alone writes the run directory and reports (with every rank's memory peaks).
+``runtime.nproc`` > 1 outside torchrun launches the ranks with torchrun.
 """
 
 import json
+import os
 import time
 from pathlib import Path
 
 from swmcli.config import CONFIG_FILE, SwmConfig, load_run_config, save_config, with_settings
 from swmcli.errors import SwmError, UsageError
 from swmcli.models.checkpoint import checkpoint_path
-from swmcli.report import CommandResult, format_seconds, info, progress, warn
+from swmcli.report import CommandResult, format_seconds, info, progress, silence, warn
 from swmcli.training import (
     ClipOrder,
     build_model,
@@ -50,8 +56,8 @@ def _is_dataset(path: Path) -> bool:
     return True
 
 
-def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
-    """The config this run trains with, saved into the run directory.
+def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world) -> SwmConfig:
+    """The config this run trains with, saved into the run directory (by rank 0).
 
     A fresh run refuses a directory that already has a checkpoint. A resumed run takes the saved
     config (the model must match its checkpoint) and trains to its planned steps, or to
@@ -67,6 +73,11 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
         moved = {"train.out": run_dir, "train.steps": steps}
         cfg = load_run_config(run_dir, moved)
         info(f"resuming {run_dir} with its saved config, to step {cfg.train.steps}")
+        if cfg.runtime.nproc != world.size:
+            info(
+                f"it trained on {cfg.runtime.nproc} rank(s), this run has {world.size}: the same "
+                "global batches, losses equal up to float rounding (not bit for bit)"
+            )
     elif checkpoint_path(run_dir).exists():
         raise UsageError(
             f"{run_dir} already holds a trained run",
@@ -80,15 +91,20 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None) -> SwmConfig:
     if cfg.online.enabled and cfg.online.record is not None:
         # `swm eval RUN_DIR` reads held-out episodes from the data the run recorded.
         cfg = with_settings(cfg, {"data.path": cfg.online.record})
+    from swmcli.core.storage import location
+
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
-    cfg = with_settings(cfg, {"data.path": Path(cfg.data.path).resolve()})
-    save_config(cfg, run_dir)
+    data_path = location.resolve(location.as_location(cfg.data.path))
+    cfg = with_settings(cfg, {"data.path": data_path, "runtime.nproc": world.size})
+    if world.is_main:
+        save_config(cfg, run_dir)
     return cfg
 
 
-def _check_data_fingerprint(run_dir: Path, lengths, resume: bool) -> None:
-    """Save what the run's data looked like; a resumed run refuses data that changed since (its
-    held-out split and batches would differ, and the result would no longer be bit-exact)."""
+def _check_data_fingerprint(run_dir: Path, lengths, resume: bool, world) -> None:
+    """Save what the run's data looked like (rank 0); a resumed run refuses data that changed
+    since (its held-out split and batches would differ, and the result would no longer be
+    bit-exact)."""
     import hashlib
 
     import numpy as np
@@ -110,7 +126,8 @@ def _check_data_fingerprint(run_dir: Path, lengths, resume: bool) -> None:
                 hint="resume with the data it started with, or train a new run (--out)",
             )
         return
-    path.write_text(json.dumps(fingerprint) + "\n")
+    if world.is_main:
+        path.write_text(json.dumps(fingerprint) + "\n")
 
 
 def _refuse_infinite_actions(batches, data_path) -> None:
@@ -125,19 +142,22 @@ def _refuse_infinite_actions(batches, data_path) -> None:
         )
 
 
-def _loader(cfg: SwmConfig, dataset, first_step: int):
-    """A DataLoader yielding the batches of steps ``first_step .. train.steps-1`` in order.
+def _loader(cfg: SwmConfig, dataset, first_step: int, world):
+    """A DataLoader yielding this rank's share of the batches of steps ``first_step ..
+    train.steps-1``, in order.
 
     The batches follow ``ClipOrder`` instead of shuffled epochs, so that a resumed run reads
     what an uninterrupted one would have.
     """
     from swmcli.core.data import make_loader
+    from swmcli.core.distributed import rank_share
 
     per_step = cfg.train.batch_size * cfg.train.grad_accum
     order = ClipOrder(dataset.num_clips, per_step, first_step, cfg.train.steps, cfg.train.seed)
+    order = rank_share(order, cfg.train.batch_size, world)
     return make_loader(
         dataset,
-        cfg.train.batch_size,
+        cfg.train.batch_size // world.size,
         num_workers=cfg.data.num_workers,
         seed=cfg.train.seed,
         prefetch_factor=cfg.data.prefetch_factor,
@@ -145,8 +165,11 @@ def _loader(cfg: SwmConfig, dataset, first_step: int):
     )
 
 
-def _train_step(model, optimizer, batches, runner, step: int, cfg: SwmConfig) -> dict[str, float]:
-    """One optimizer step over ``grad_accum`` host batches; returns the logged figures."""
+def _train_step(model, optimizer, batches, runner, step: int, cfg: SwmConfig, world):
+    """One optimizer step over ``grad_accum`` host batches; returns the logged figures (the
+    mean over the ranks: the global batch's)."""
+    from swmcli.core.distributed import mean_over_ranks
+
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, cfg.train.steps, cfg.train.lr)
     # A generator: each micro-batch moves to the device only when its turn comes.
@@ -155,6 +178,7 @@ def _train_step(model, optimizer, batches, runner, step: int, cfg: SwmConfig) ->
         model, optimizer, device_batches, runner, cfg.train.grad_clip, len(batches)
     )
     means = {key: sum(float(p[key]) for p in parts) / len(parts) for key in parts[0]}
+    means = mean_over_ranks(means, world)
     return {**means, "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"]}
 
 
@@ -177,14 +201,62 @@ def _trim_metrics(path: Path, last_step: int) -> None:
 
 
 def run_train(
-    cfg: SwmConfig, monitor, resume: bool = False, steps: int | None = None
-) -> CommandResult:
+    cfg: SwmConfig,
+    monitor,
+    resume: bool = False,
+    steps: int | None = None,
+    json_output: bool = False,
+) -> CommandResult | None:
     """Train (or, with ``resume``, continue training) into the run directory ``cfg.train.out``.
 
     Writes ``config.json``, ``checkpoint.pt`` (atomic, every ``train.checkpoint_every`` steps and
     at the end), ``metrics.jsonl`` and ``loss_curve.png``. Phases for the memory report: setup,
-    the first step (including compilation) and the steady state.
+    the first step (including compilation) and the steady state. Under torchrun every rank runs
+    this and rank 0 returns the result (the others None); with ``runtime.nproc`` > 1 outside
+    torchrun it launches the ranks and returns None (rank 0 reports, with ``json_output`` as JSON).
     """
+    from swmcli.core import distributed
+
+    world = distributed.world_from_env()
+    if world.size == 1 and cfg.runtime.nproc > 1:
+        distributed.check_batch_split(
+            distributed.World(size=cfg.runtime.nproc), cfg.train.batch_size
+        )
+        return _launch(cfg, resume, steps, json_output)
+    if not world.is_main:
+        silence()
+    distributed.start(world)
+    try:
+        return _train(cfg, monitor, resume, steps, world)
+    except Exception as error:
+        if world.size > 1 and distributed.is_lost_rank(error):
+            raise distributed.lost_rank_error(error, world, cfg.train.out) from error
+        raise
+    finally:
+        distributed.stop(world)
+
+
+def _launch(cfg: SwmConfig, resume: bool, steps: int | None, json_output: bool) -> None:
+    """``swm train --nproc N``: the same training as ``N`` torchrun ranks on this machine, each
+    reading this resolved config."""
+    import tempfile
+
+    from swmcli.core.distributed import launch
+
+    with tempfile.TemporaryDirectory(prefix="swm-launch-") as directory:
+        config_file = Path(directory) / "config.json"
+        config_file.write_text(cfg.model_dump_json())
+        arguments = ["train", "--config", str(config_file)]
+        arguments += ["--resume"] if resume else []
+        arguments += ["--steps", str(steps)] if steps is not None else []
+        arguments += ["--json"] if json_output else []
+        info(f"launching {cfg.runtime.nproc} data-parallel processes with torchrun")
+        launch(cfg.runtime.nproc, arguments)
+
+
+def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
+    """``run_train``'s work, as one rank of ``world``."""
+    from swmcli.core import distributed
     from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
     from swmcli.models.checkpoint import (
         load_checkpoint,
@@ -194,22 +266,33 @@ def run_train(
     )
     from swmcli.prediction import check_training_fits
 
-    cfg = _prepare_run(cfg, resume, steps)
+    cfg = _prepare_run(cfg, resume, steps, world)
     run_dir = Path(cfg.train.out)
     runner = make_runner(
-        bf16=cfg.runtime.bf16, compile=cfg.runtime.compile, cpu_threads=cfg.runtime.cpu_threads
+        bf16=cfg.runtime.bf16,
+        compile=cfg.runtime.compile,
+        device=distributed.rank_device(world),
+        cpu_threads=cfg.runtime.cpu_threads,
     )
     if note := untrack_tensors_if_compiling(runner, monitor):
         info(note)
     compiled = "on" if runner.compile else "off"
     info(f"device {runner.device}; {runner.dtype_reason}; compile {compiled}")
+    if world.size > 1:
+        share = distributed.check_batch_split(world, cfg.train.batch_size)
+        info(f"data-parallel: {world.size} ranks, each reads {share} clips of every batch")
     with monitor.phase("preflight", track_tensors=False):
-        data = _OnlineData(cfg, resume) if cfg.online.enabled else _StoredData(cfg)
+        if cfg.online.enabled and world.size > 1:
+            raise UsageError(
+                "--online collects and trains in one process: it does not run data-parallel",
+                hint="drop --nproc (or torchrun), or train data-parallel from a dataset",
+            )
+        data = _OnlineData(cfg, resume) if cfg.online.enabled else _StoredData(cfg, world)
         args = model_args(cfg, data.metadata)
         needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
         info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
         if not cfg.online.enabled:  # a stored dataset: resuming needs the same one
-            _check_data_fingerprint(run_dir, data.dataset.episode_lengths, resume)
+            _check_data_fingerprint(run_dir, data.dataset.episode_lengths, resume, world)
     if data.loads:
         with monitor.phase("load into memory"):
             data.load()
@@ -228,19 +311,27 @@ def run_train(
         if state:
             # After .to(device): the optimizer's state must sit where the parameters are.
             optimizer.load_state_dict(state["optimizer"])
+        net = distributed.wrap(model, world, runner.device)
         batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...
         if state:
             restore_rng(state)  # ... so the checkpointed state is restored after it
-        _trim_metrics(run_dir / METRICS_FILE, start)
+        if world.is_main:
+            _trim_metrics(run_dir / METRICS_FILE, start)
     model.train()
 
     def checkpoint(step: int) -> None:
-        save_checkpoint(run_dir, model=model, optimizer=optimizer, step=step, model_args=args)
+        if world.is_main:
+            save_checkpoint(run_dir, model=model, optimizer=optimizer, step=step, model_args=args)
 
     try:
-        summary = _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint)
+        summary = _loop(cfg, net, optimizer, batches, runner, monitor, start, checkpoint, world)
     finally:
         data.close()
+    every_rank = distributed.gather_objects(monitor.report.phases, world)
+    if not world.is_main:
+        return None
+    if world.size > 1:
+        monitor.report.phases += rank_peaks(every_rank)
     draw_loss_curve(run_dir / METRICS_FILE, run_dir / LOSS_CURVE_FILE)
     parameters = sum(p.numel() for p in model.parameters())
     return CommandResult(
@@ -255,6 +346,8 @@ def run_train(
             "device": str(runner.device),
             "dtype": str(runner.dtype).removeprefix("torch."),
             "compile": runner.compile,
+            "ranks": world.size,
+            "clips_per_rank": cfg.train.batch_size // world.size,
             **summary,
             "checkpoint": str(checkpoint_path(run_dir)),
             "loss_curve": str(run_dir / LOSS_CURVE_FILE),
@@ -268,7 +361,7 @@ class _StoredData:
     """Clips of a dataset's training episodes: streamed from disk, or loaded into a ReplayBuffer
     when they fit the RAM budget (``--in-memory`` insists, ``--no-in-memory`` streams)."""
 
-    def __init__(self, cfg: SwmConfig):
+    def __init__(self, cfg: SwmConfig, world):
         from swmcli.core.source import choose_source, ram_budget
 
         if cfg.online.record is not None:
@@ -276,7 +369,7 @@ class _StoredData:
                 "--record saves the episodes of an online run, and this run is not online",
                 hint="add --online --env ID, or drop --record",
             )
-        self.cfg = cfg
+        self.cfg, self.world = cfg, world
         self.dataset, self.episodes, self.metadata = open_training_data(cfg)
         self.warnings = _passes_warning(cfg, len(self.dataset))
         self.budget = ram_budget(cfg.data.ram_budget, cfg.data.ram_share)
@@ -300,7 +393,7 @@ class _StoredData:
         self.clips = load_clips(self.dataset, self.budget, self.cfg.train.seed)
 
     def batches(self, first_step: int):
-        return iter(_loader(self.cfg, self.clips, first_step))
+        return iter(_loader(self.cfg, self.clips, first_step, self.world))
 
     def fields(self) -> dict:
         return {
@@ -352,6 +445,20 @@ class _OnlineData:
         self.feed.close()
 
 
+def rank_peaks(every_rank: list) -> list:
+    """Memory-panel rows for a data-parallel run: each rank's peaks over the whole run, and the
+    largest of them (what one device must hold)."""
+    from dataclasses import replace
+
+    from swmcli.core.memory import combined_peak
+
+    rows = []
+    for rank, phases in enumerate(every_rank):
+        whole = combined_peak(f"rank {rank}: whole run", phases)
+        rows.append(replace(whole, seconds=sum(p.seconds for p in phases)))
+    return [*rows, combined_peak(f"max over {len(rows)} ranks", rows)]
+
+
 def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
     """Warn (once, now) when the run makes more than ``PASSES_WARNING`` passes over the data."""
     passes = cfg.train.steps * cfg.train.batch_size * cfg.train.grad_accum / train_clips
@@ -366,21 +473,23 @@ def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
     ]
 
 
-def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) -> dict:
+def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint, world) -> dict:
     """Steps ``start .. train.steps-1``: the first alone (it compiles), then the steady state.
 
-    Ctrl-C or SIGTERM stops after the step in progress, with a checkpoint at that step, so
-    ``--resume`` continues from there (exit code 130).
+    Ctrl-C or SIGTERM stops after the step in progress (on every rank, the same step), with a
+    checkpoint at that step, so ``--resume`` continues from there (exit code 130).
     """
+    from swmcli.core.distributed import any_rank
     from swmcli.core.interrupts import deferred_interrupts
 
     run_dir = Path(cfg.train.out)
+    metrics_file = run_dir / METRICS_FILE if world.is_main else os.devnull
     clips_per_step = cfg.train.batch_size * cfg.train.grad_accum
     last: dict[str, float] = {}
     steady = {"seconds": 0.0, "steps": 0}
     with (
         progress("train", total=cfg.train.steps - start) as advance,
-        open(run_dir / METRICS_FILE, "a") as metrics,
+        open(metrics_file, "a") as metrics,
         deferred_interrupts() as interrupted,
     ):
 
@@ -389,7 +498,7 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) ->
                 began = time.perf_counter()
                 micro = [next(batches) for _ in range(cfg.train.grad_accum)]
                 _refuse_infinite_actions(micro, cfg.data.path)
-                last.update(_train_step(model, optimizer, micro, runner, step, cfg))
+                last.update(_train_step(model, optimizer, micro, runner, step, cfg, world))
                 seconds = time.perf_counter() - began
                 if step > start:
                     steady["seconds"] += seconds
@@ -400,7 +509,8 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) ->
                     metrics.write(json.dumps({"step": done, **last}) + "\n")
                     metrics.flush()
                 saved = done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps
-                if saved or interrupted():
+                stop = any_rank(interrupted(), world)
+                if saved or stop:
                     checkpoint(done)
                 advance(1, loss=last["loss"], clips_per_s=round(last["clips_per_s"], 1))
                 if step == start + 1 and done < cfg.train.steps:
@@ -409,7 +519,9 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint) ->
                         f"estimate: about {format_seconds(remaining * seconds)} for the remaining "
                         f"{remaining} steps ({seconds:.3g} s per step, measured on step {done})"
                     )
-                if interrupted():
+                if stop and not world.is_main:
+                    raise SystemExit(130)  # rank 0 reports the interruption for every rank
+                if stop:
                     raise SwmError(
                         f"interrupted after step {done}: checkpoint saved in {run_dir}",
                         hint=f"swm train --out {run_dir} --resume continues from step {done}",

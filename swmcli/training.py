@@ -159,7 +159,7 @@ def optimizer_step(model, optimizer, device_batches, runner, grad_clip: float, m
     parts = []
     for batch in device_batches:
         with runner.autocast():
-            loss, terms = model.loss(batch)
+            loss, terms = model(batch)  # WorldModel.forward is its loss (what DDP wraps)
         (loss / micro_batches).backward()
         parts.append({"loss": loss.detach(), **{k: v.detach() for k, v in terms.items()}})
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

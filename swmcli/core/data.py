@@ -40,6 +40,7 @@ from swmcli.core.memory import available_host_bytes
 from swmcli.core.storage import (
     check_keys,
     detect,
+    location,
     offsets_from_lengths,
     open_reader,
     read_ahead,
@@ -59,7 +60,7 @@ class ClipDataset(Dataset):
         frameskip: int,
         episodes: Sequence[int] | None,
     ):
-        self.path = Path(path)
+        self.path = path
         self.format = description["format"]
         self.metadata = description["metadata"]
         self.keys = {k: description["keys"][k] for k in keys}
@@ -188,7 +189,7 @@ def _cached_lengths(reader, path: Path, cache_dir: Path | None) -> np.ndarray:
     token = getattr(reader, "index_token", None)
     if cache_dir is None or token is None:
         return reader.episode_lengths
-    key = hashlib.sha1(f"{Path(path).resolve()}|{token}".encode()).hexdigest()[:24]
+    key = hashlib.sha1(f"{location.resolve(path)}|{token}".encode()).hexdigest()[:24]
     file = Path(cache_dir) / f"episode-index-{key}.npy"
     if file.is_file():
         reader.set_episode_lengths(np.load(file))
@@ -296,7 +297,7 @@ def load_dataset(
         raise UsageError(
             f"history_len and frameskip must be at least 1, got {history_len} and {frameskip}"
         )
-    path = Path(path)
+    path = location.as_location(path)
     cache = Path(cache_dir) if cache_dir is not None else None
     description = _describe_fork_safe(path, cache)
     keys = check_keys(description["keys"], keys_to_load, path)

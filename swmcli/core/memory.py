@@ -85,6 +85,31 @@ class PhasePeak:
     cuda_ooms: int | None = None
 
 
+def combined_peak(name: str, phases: list[PhasePeak]) -> PhasePeak:
+    """One row for several phases (a whole run, or every rank's): the largest of each peak, the
+    longest time, the sum of allocator retries and OOMs."""
+
+    def largest(values):
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    def total(values):
+        known = [v for v in values if v is not None]
+        return sum(known) if known else None
+
+    return PhasePeak(
+        name,
+        max(p.seconds for p in phases),
+        max(p.host_peak_rss_bytes for p in phases),
+        largest(p.live_tensor_peak_bytes for p in phases),
+        largest(p.cuda_allocated_bytes for p in phases),
+        largest(p.cuda_reserved_bytes for p in phases),
+        largest(p.cuda_device_bytes for p in phases),
+        total(p.cuda_alloc_retries for p in phases),
+        total(p.cuda_ooms for p in phases),
+    )
+
+
 @dataclass
 class MemoryReport:
     """What a command used: one PhasePeak per phase and the CUDA status in words."""

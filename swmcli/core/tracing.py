@@ -24,6 +24,7 @@ CATEGORIES = (
     "inputs",
     "activations",
     "temporaries",
+    "ddp_buckets",  # data-parallel only: DDP's flat gradient buffers, added by the predictor
 )
 
 #: The CUDA caching allocator hands out blocks in multiples of 512 bytes; max_memory_allocated

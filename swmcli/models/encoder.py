@@ -3,11 +3,14 @@
 Both take float frames ``(N, 3, H, W)`` already normalized on the device (see
 ``world_model.normalize_pixels``) and return ``(N, latent_dim)``. Each ends in a linear projection
 followed by a BatchNorm without affine parameters, as in LeWM: the latent is centred and scaled
-per dimension, which the anti-collapse regularizer then shapes into an isotropic Gaussian.
+per dimension, which the anti-collapse regularizer then shapes into an isotropic Gaussian. The
+BatchNorm uses the global batch's statistics under data-parallel training (``global_batch``).
 """
 
 import torch
 from torch import nn
+
+from swmcli.models.global_batch import GlobalBatchNorm1d
 
 SMALLEST_SIDE = 4  # the CNN halves the frame until its side is at most this
 
@@ -38,7 +41,7 @@ class CNNEncoder(nn.Module):
             channels_in, side = channels_out, (side + 1) // 2
         self.features = nn.Sequential(*layers)
         self.project = nn.Sequential(nn.Flatten(), nn.Linear(channels_in * side * side, latent_dim))
-        self.norm = nn.BatchNorm1d(latent_dim, affine=False)
+        self.norm = GlobalBatchNorm1d(latent_dim, affine=False)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         """Frames ``(N, 3, H, W)`` float -> latents ``(N, latent_dim)``."""
@@ -62,7 +65,7 @@ class ViTEncoder(nn.Module):
         self.blocks = nn.TransformerEncoder(block, depth, enable_nested_tensor=False)
         self.final_norm = nn.LayerNorm(dim)
         self.project = nn.Linear(dim, latent_dim)
-        self.norm = nn.BatchNorm1d(latent_dim, affine=False)
+        self.norm = GlobalBatchNorm1d(latent_dim, affine=False)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         """Frames ``(N, 3, H, W)`` float -> latents ``(N, latent_dim)`` from the CLS token."""

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from swmcli.models.encoder import CNNEncoder, ViTEncoder
+from swmcli.models.global_batch import gather_rows
 from swmcli.models.losses import REGULARIZERS, prediction_loss
 from swmcli.models.predictor import Predictor
 
@@ -94,7 +95,8 @@ class WorldModel(nn.Module):
         actions = batch["action"][:, :-1].float()
         predicted = self.predict(latents[:, :-1], actions)
         prediction = prediction_loss(predicted, latents[:, 1:])
-        flat = latents.reshape(-1, latents.shape[-1])
+        # The regularizer is a statistic of the whole batch: every rank's latents under DDP.
+        flat = gather_rows(latents.reshape(-1, latents.shape[-1]))
         regularizer = self.regularizer(flat)
         total = prediction + self.regularizer_weight * regularizer
         parts = {
@@ -108,6 +110,10 @@ class WorldModel(nn.Module):
             total = total + self.rollout_weight * rollout
             parts["rollout"] = rollout.detach()
         return total, parts
+
+    def forward(self, batch: dict[str, torch.Tensor]):
+        """``loss(batch)``: what DistributedDataParallel calls (it syncs gradients of forward)."""
+        return self.loss(batch)
 
     def rollout(
         self, history: torch.Tensor, past_actions: torch.Tensor, plans: torch.Tensor

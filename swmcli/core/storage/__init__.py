@@ -9,6 +9,9 @@ dataset metadata (format version, env id, resolution, action dim, pixel encoding
 An episode in memory is ``dict[str, np.ndarray]`` whose arrays share their first dimension.
 Writers add ``episode_idx`` and ``step_idx``; readers return episodes without them, so an episode
 read back equals the one written. Writes are episode-atomic in every format.
+
+A dataset path may also be an ``s3://`` URI (see ``location``): Lance datasets are read and
+written there, HDF5 files are read; folders stay local.
 """
 
 import json
@@ -20,7 +23,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from swmcli.core.storage import location as loc
 from swmcli.core.storage.checksums import CHECKSUM_COLUMN
+from swmcli.core.storage.location import Location, as_location
+from swmcli.core.storage.location import nbytes_under as nbytes_under
 from swmcli.errors import DatasetError, MissingKeyError, MissingPathError, UsageError
 
 FORMATS = ("lance", "hdf5", "folder")
@@ -64,7 +70,9 @@ class Writer(Protocol):
 
 def detect(path: str | Path) -> str:
     """The format of the dataset at ``path``; a DatasetError with a hint if it is not one."""
-    path = Path(path)
+    path = as_location(path)
+    if loc.is_remote(path):
+        return _detect_remote(path)
     if not path.exists():
         raise MissingPathError(
             f"no dataset at {path}", hint="check the path (collect one with `swm collect`)"
@@ -83,6 +91,24 @@ def detect(path: str | Path) -> str:
     )
 
 
+def _detect_remote(uri: str) -> str:
+    """``detect`` on object storage, where a directory is a prefix holding objects."""
+    if loc.is_file(uri):
+        if loc.read_head(uri, 8) == _HDF5_SIGNATURE:
+            return "hdf5"
+    elif loc.is_dir(loc.join(uri, "_versions")):
+        return "lance"
+    elif not loc.exists(uri):
+        raise MissingPathError(
+            f"no dataset at {uri}",
+            hint="check the URI and AWS_ENDPOINT_URL (collect one with `swm collect --out s3://...`)",
+        )
+    raise UsageError(
+        f"{uri} is not a swm dataset on object storage (lance or hdf5)",
+        hint="point to a .lance prefix or an .h5 object written by swm",
+    )
+
+
 def _module(fmt: str):
     if fmt == "lance":
         from swmcli.core.storage import lance as module
@@ -97,18 +123,20 @@ def _module(fmt: str):
 
 def open_reader(path: str | Path) -> Reader:
     """Open the dataset at ``path`` for reading, whatever its format."""
-    return _module(detect(path)).open_reader(Path(path))
+    path = as_location(path)
+    return _module(detect(path)).open_reader(path)
 
 
 def resolve_format(path: str | Path, format: str | None = None) -> str:
     """The format to write: ``format``, else by suffix, else the existing dataset's, else lance."""
-    path = Path(path)
+    path = as_location(path)
     if format is not None:
         _module(format)
         return format
-    if path.suffix.lower() in _SUFFIXES:
-        return _SUFFIXES[path.suffix.lower()]
-    if path.exists():
+    suffix = Path(loc.name(path)).suffix.lower()
+    if suffix in _SUFFIXES:
+        return _SUFFIXES[suffix]
+    if loc.exists(path):
         return detect(path)
     return "lance"
 
@@ -124,12 +152,16 @@ def open_writer(
     """
     from swmcli.core.storage.lock import WriterLock
 
-    path = Path(path)
+    path = as_location(path)
     if mode not in MODES:
         raise UsageError(f"unknown write mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
+    if loc.is_remote(path):
+        # object storage has no local lock file to hold and no disk to measure; Lance's own
+        # commits keep each episode atomic there
+        return _open_unlocked(path, format, mode, metadata)
     lock = WriterLock(path)  # before anything is touched: a second writer is refused here
     try:
-        writer = _open_locked(path, format, mode, metadata)
+        writer = _open_unlocked(path, format, mode, metadata)
     except BaseException:
         lock.release()
         raise
@@ -172,12 +204,18 @@ class LockedWriter:
         self.close()
 
 
-def _open_locked(path: Path, format: str | None, mode: str, metadata) -> Writer:
-    if _holds_no_episode(path):
+def _open_unlocked(path: Location, format: str | None, mode: str, metadata) -> Writer:
+    """The format's writer (a local path is under its writer lock by now)."""
+    if not loc.is_remote(path) and _holds_no_episode(path):
         remove_tree(path)  # an empty place, or what a failed first write left: start afresh
     fmt = resolve_format(path, format)
+    if loc.is_remote(path) and fmt != "lance":
+        raise UsageError(
+            f"cannot write a {fmt} dataset to object storage ({path})",
+            hint="write Lance there (a .lance name), or write locally and upload the file",
+        )
     append = False
-    if path.exists():
+    if loc.exists(path):
         if mode == "error":
             raise UsageError(f"{path} already exists", hint="pass --overwrite to replace it")
         existing = detect(path)
@@ -190,7 +228,7 @@ def _open_locked(path: Path, format: str | None, mode: str, metadata) -> Writer:
             )
         else:
             append = True
-    path.parent.mkdir(parents=True, exist_ok=True)
+    loc.make_parent(path)
     return _module(fmt).open_writer(path, dict(metadata or {}), append)
 
 
@@ -239,13 +277,13 @@ def remove_tree(path: Path) -> None:
         path.unlink()
 
 
-def remove_dataset(path: Path) -> None:
+def remove_dataset(path: Location) -> None:
     """Delete a dataset (only something ``detect`` recognises, never an arbitrary directory)."""
     detect(path)
-    if path.is_dir():
-        shutil.rmtree(path)
+    if loc.is_remote(path):
+        loc.remove(path)
     else:
-        path.unlink()
+        remove_tree(path)
 
 
 def episode_schema(episode: Mapping[str, np.ndarray]) -> Schema:
@@ -347,18 +385,13 @@ def offsets_from_lengths(lengths: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
 
 
-def nbytes_under(path: Path) -> int:
-    """Bytes on disk of a file or everything under a directory."""
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def read_ahead(path: Path, limit: int) -> bool:
+def read_ahead(path: Location, limit: int) -> bool:
     """Ask the kernel to load a dataset's files into the page cache in the background when they add
     up to at most ``limit`` bytes: one sequential pass instead of a first epoch of random reads
     (an HDF5 worker reads one chunk at a time, and cold chunks made its batches ~2x slower).
-    Returns whether it asked."""
+    Returns whether it asked (never for object storage: no page cache to fill)."""
+    if loc.is_remote(path):
+        return False
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     if sum(file.stat().st_size for file in files) > limit:
         return False

@@ -8,7 +8,6 @@ source is only ever read.
 
 import hashlib
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,21 +19,22 @@ from swmcli.core.storage import (
     check_keys,
     describe_schema,
     detect,
-    nbytes_under,
     open_reader,
     open_writer,
     resolve_format,
 )
+from swmcli.core.storage import location as loc
 from swmcli.core.storage.checksums import check_episode
+from swmcli.core.storage.location import Location, as_location
 from swmcli.errors import DatasetError, UsageError
 
 
-def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
-    if dst.resolve() == src.resolve():
+def _check_destination(src: Location, dst: Location, overwrite: bool) -> None:
+    if loc.resolve(dst) == loc.resolve(src):
         raise UsageError(
             f"source and destination are the same path: {src}", hint="choose another DST"
         )
-    if not dst.exists():
+    if not loc.exists(dst):
         return
     if not overwrite:
         raise UsageError(f"{dst} already exists", hint="pass --overwrite to replace it")
@@ -47,13 +47,6 @@ def _check_destination(src: Path, dst: Path, overwrite: bool) -> None:
         ) from None
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.unlink()
-
-
 def _remove_dead_leftovers(dst: Path) -> None:
     """Delete the temporary copies (and their lock files) of ``dst`` that a killed convert left:
     their names carry the PID of a process that no longer runs."""
@@ -61,7 +54,7 @@ def _remove_dead_leftovers(dst: Path) -> None:
     for leftover in (p for name in names for p in dst.parent.glob(name)):
         pid = leftover.name.lstrip(".").split("-")[1]
         if pid.isdigit() and not _alive(int(pid)):
-            _remove(leftover)
+            loc.remove(leftover)
 
 
 def _alive(pid: int) -> bool:
@@ -78,8 +71,8 @@ def _alive(pid: int) -> bool:
 class Copied:
     """What ``copy_dataset`` wrote: counts and sizes on disk of the source and the copy."""
 
-    src: Path
-    dst: Path
+    src: Location
+    dst: Location
     format: str
     episodes: int
     steps: int
@@ -110,7 +103,7 @@ def _column_checksums(reader, keys: list[str]) -> dict[str, str]:
     return {key: digest.hexdigest() for key, digest in digests.items()}
 
 
-def _verify(source, written_path: Path, keys: list[str], expected: dict[str, str]) -> None:
+def _verify(source, written_path: Location, keys: list[str], expected: dict[str, str]) -> None:
     """Counts, episode lengths, schema and every column's checksum must match the source."""
     written = open_reader(written_path)
     try:
@@ -137,13 +130,18 @@ def _verify(source, written_path: Path, keys: list[str], expected: dict[str, str
         )
 
 
-def _move_into_place(temporary: Path, dst: Path) -> None:
-    """Rename the verified copy onto ``dst``; an old ``dst`` is moved aside first, then deleted."""
-    aside = dst.with_name(f".old-{os.getpid()}-{dst.name}")
-    if dst.exists():
+def _move_into_place(temporary: Location, dst: Location) -> None:
+    """Rename the verified copy onto ``dst``; an old ``dst`` is moved aside first, then deleted.
+
+    On object storage an old ``dst`` is deleted first, then the copy moved (see ``loc.move``).
+    """
+    aside = loc.with_name(dst, f".old-{os.getpid()}-{loc.name(dst)}")
+    if loc.is_remote(dst):
+        loc.remove(dst)
+    elif dst.exists():
         os.rename(dst, aside)
-    os.rename(temporary, dst)
-    _remove(aside)
+    loc.move(temporary, dst)
+    loc.remove(aside)
 
 
 def copy_dataset(
@@ -158,26 +156,27 @@ def copy_dataset(
     lance), keeping only ``keys`` if given. Streams, verifies, renames into place at the end;
     ``on_episode(done, total)`` is called after each episode is written.
     """
-    src, dst = Path(src), Path(dst)
+    src, dst = as_location(src), as_location(dst)
     reader = open_reader(src)
     try:
         _check_destination(src, dst, overwrite)
         keys = check_keys(reader.keys, keys, src)
         if reader.num_episodes == 0:
             raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
-        _remove_dead_leftovers(dst)
-        temporary = dst.with_name(f".tmp-{os.getpid()}-{dst.name}")
+        if not loc.is_remote(dst):
+            _remove_dead_leftovers(dst)  # a killed convert's temporaries (local disks only)
+        temporary = loc.with_name(dst, f".tmp-{os.getpid()}-{loc.name(dst)}")
         fmt = resolve_format(temporary, to)
         # Every field the collector wrote (env, policy, ...); the writer sets its own.
         metadata = {k: v for k, v in reader.metadata.items() if k not in WRITER_METADATA}
-        _remove(temporary)
+        loc.remove(temporary)
         try:
             with open_writer(temporary, format=fmt, mode="error", metadata=metadata) as writer:
                 checksums = _copy_episodes(reader, writer, keys, on_episode)
             _verify(reader, temporary, keys, checksums)
             _move_into_place(temporary, dst)
         except BaseException:
-            _remove(temporary)
+            loc.remove(temporary)
             raise
         return Copied(
             src=src,
@@ -186,7 +185,7 @@ def copy_dataset(
             episodes=reader.num_episodes,
             steps=reader.num_steps,
             src_size_bytes=reader.nbytes_on_disk,
-            dst_size_bytes=nbytes_under(dst),
+            dst_size_bytes=loc.nbytes_under(dst),
         )
     finally:
         reader.close()

@@ -29,12 +29,12 @@ from swmcli.core.storage import (
     check_schema,
     episode_schema,
     is_image,
-    nbytes_under,
     offsets_from_lengths,
     rows_by_episode,
     schema_from_json,
 )
 from swmcli.core.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.core.storage.location import nbytes_under
 from swmcli.errors import DatasetError
 
 PIXEL_ENCODING = "png (lossless)"

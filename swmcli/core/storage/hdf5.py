@@ -13,6 +13,9 @@ file in an order that keeps it readable at every instant. An episode's rows are 
 flushed first; its entry in ``episode_lengths`` comes last and is the commit. A reader trusts only
 committed episodes. A writer killed mid-run leaves the superblock's "open for write" flag set;
 appending clears it (what ``h5clear -s`` does) under the dataset's writer lock.
+
+An HDF5 file on object storage (``s3://``) is read through fsspec, a few MiB per ranged request;
+writing HDF5 needs a local file (SWMR and the locks are local-filesystem features).
 """
 
 import contextlib
@@ -36,7 +39,9 @@ from swmcli.core.storage import (
     offsets_from_lengths,
     schema_from_json,
 )
+from swmcli.core.storage import location as loc
 from swmcli.core.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.core.storage.location import Location
 from swmcli.errors import DatasetError, first_line
 
 PIXEL_ENCODING = "raw uint8, LZ4 (HDF5 filter 32004), one frame per chunk"
@@ -49,6 +54,8 @@ H5Z_DEFLATE = 1  # HDF5's filter ids: gzip, built into every HDF5
 H5Z_LZ4 = 32004  # LZ4, registered with the HDF Group (read with `hdf5plugin` or its plugin)
 _READ_ATTEMPTS = 25  # sleeps of 1, 2, 4, ... ns: at most 2**25 ns (34 ms) in all
 _DAMAGED_HINT = "the file is damaged or truncated: restore it or collect again"
+# Ranged reads of an HDF5 object on object storage: one request brings this many bytes.
+_REMOTE_BLOCK_BYTES = 4 * 2**20
 
 
 def _open(path: Path, mode: str, **kwargs):
@@ -110,20 +117,35 @@ def _hdf5_library():
     return library
 
 
-def _check_length(path: Path) -> None:
+def _open_remote(uri: str):
+    """An HDF5 object on object storage, opened read-only through an fsspec file."""
+    import h5py
+
+    handle = loc.filesystem().open(uri, "rb", block_size=_REMOTE_BLOCK_BYTES)
+    try:
+        return h5py.File(
+            handle, "r", rdcc_nbytes=_CHUNK_CACHE_BYTES, rdcc_nslots=_CHUNK_CACHE_SLOTS
+        )
+    except OSError as error:
+        handle.close()
+        raise DatasetError(
+            f"cannot open HDF5 object {uri}: {first_line(error)}", _DAMAGED_HINT
+        ) from error
+
+
+def _check_length(path: Location) -> None:
     """Refuse a file shorter than the end address its superblock records.
 
     SWMR readers skip HDF5's own end-of-file check (a live writer may be ahead of the reader),
     and on a truncated file the library then retries reads forever: check it here, first.
     """
-    with path.open("rb") as handle:
-        head = handle.read(64)
+    head = loc.read_head(path, 64)
     if len(head) < 12 or head[:8] != b"\x89HDF\r\n\x1a\n" or head[8] < 2:
         return  # not a version 2/3 superblock: h5py's own checks apply
     offset_size = head[9]
     start = 12 + 2 * offset_size
     end_address = int.from_bytes(head[start : start + offset_size], "little")
-    size = path.stat().st_size
+    size = loc.nbytes_under(path)
     if size < end_address:
         raise DatasetError(
             f"{path} is truncated: {size:,} of its {end_address:,} bytes are there",
@@ -136,14 +158,17 @@ class Hdf5Reader:
 
     format = "hdf5"
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Location):
         # LZ4 frames decode with pyarrow: import it with the file, not on the first batch, so
         # forked DataLoader workers inherit it (importing it there doubled the first batch's time).
         import pyarrow  # noqa: F401
 
-        self.path = Path(path)
+        self.path = path
         _check_length(self.path)
-        self._file = _open_to_read(self.path)
+        if loc.is_remote(path):
+            self._file = _open_remote(path)
+        else:
+            self._file = _open_to_read(self.path)
         try:
             raw = self._guard(lambda: self._file.attrs.get("swm"))
             if raw is None:
@@ -175,7 +200,7 @@ class Hdf5Reader:
 
     @property
     def nbytes_on_disk(self) -> int:
-        return self.path.stat().st_size
+        return loc.nbytes_under(self.path)
 
     def _guard(self, read):
         try:
@@ -494,7 +519,7 @@ def _clear_open_flag(path: Path) -> None:
         handle.flush()
 
 
-def open_reader(path: Path) -> Hdf5Reader:
+def open_reader(path: Location) -> Hdf5Reader:
     """Open a swm HDF5 file for reading."""
     return Hdf5Reader(path)
 

@@ -10,6 +10,10 @@ Each ``write_episode`` is one Lance commit, so an episode is on disk or not at a
 commits make many small fragments, which slow reads down; the writer compacts them every
 ``COMPACT_EVERY`` episodes and on close.
 
+On object storage (``s3://``) a commit writes the episode's data file, then the manifest that
+names it: a writer killed in between leaves an unreferenced file and the dataset at its last
+episode.
+
 Lance is not fork-safe: a process forked after this one opened a dataset may crash when it reads.
 ``opened_in_this_process()`` tells the DataLoader factory whether it may still fork, and a reader
 opened in such a forked child refuses with a clear error instead of crashing at random.
@@ -18,7 +22,6 @@ opened in such a forked child refuses with a clear error instead of crashing at 
 import json
 import os
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 
@@ -30,12 +33,13 @@ from swmcli.core.storage import (
     check_schema,
     episode_schema,
     is_image,
-    nbytes_under,
     offsets_from_lengths,
     schema_from_json,
     take_rows,
 )
+from swmcli.core.storage import location as loc
 from swmcli.core.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.core.storage.location import Location, nbytes_under
 from swmcli.core.storage.lock import ReaderLock, no_readers
 from swmcli.errors import DatasetError, UsageError, first_line
 
@@ -54,10 +58,10 @@ def opened_in_this_process() -> bool:
     return _opened_by == os.getpid()
 
 
-def _local(path: Path) -> str:
-    """What Lance is given: an absolute path, so ``file:x`` or ``memory:x`` name a local
-    directory like any other (Lance would read a relative one as a URI)."""
-    return str(Path(path).absolute())
+def _uri(path: Location) -> str:
+    """What Lance is given: an s3:// URI, or an absolute path, so ``file:x`` or ``memory:x`` name
+    a local directory like any other (Lance would read a relative one as a URI)."""
+    return path if loc.is_remote(path) else str(path.absolute())
 
 
 def _mark_opened() -> None:
@@ -124,15 +128,14 @@ class LanceReader:
 
     format = "lance"
 
-    def __init__(self, path: Path):
-        import lance
-
-        self.path = Path(path)
+    def __init__(self, path: Location):
+        self.path = path
         _mark_opened()
-        # Held while open: a writer deletes no file this reader's version may still use.
-        self._lock = ReaderLock(self.path)
+        # Held while open: a writer deletes no file this reader's version may still use (a local
+        # lock file; object storage has none).
+        self._lock = None if loc.is_remote(self.path) else ReaderLock(self.path)
         try:
-            self._dataset = lance.dataset(_local(self.path))
+            self._dataset = _open_dataset(self.path)
             raw = (self._dataset.schema.metadata or {}).get(b"swm")
         except Exception as error:
             self.close()
@@ -153,9 +156,10 @@ class LanceReader:
 
     def _check_files(self) -> None:
         """Refuse at open, not mid-training, a dataset whose manifest names a missing file."""
+        present = _data_files(self.path)
         for fragment in self._dataset.get_fragments():
             for data_file in fragment.data_files():
-                if not (self.path / "data" / data_file.path).is_file():
+                if data_file.path not in present:
                     raise DatasetError(
                         f"{self.path} is missing its data file {data_file.path}", _DAMAGED_HINT
                     )
@@ -163,7 +167,10 @@ class LanceReader:
     @property
     def index_token(self) -> str:
         """Changes whenever the dataset does: keys the episode-index cache."""
-        stamp = (self.path / "_versions").stat().st_mtime_ns
+        if loc.is_remote(self.path):
+            stamp = self._dataset.versions()[-1]["timestamp"].isoformat()
+        else:
+            stamp = (self.path / "_versions").stat().st_mtime_ns
         return f"lance:{self._dataset.version}:{self.num_steps}:{stamp}"
 
     @property
@@ -254,10 +261,25 @@ class LanceReader:
 
     def close(self) -> None:
         self._dataset = None
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
 
 
-def _lengths_from_ids(ids: np.ndarray, where: Path) -> np.ndarray:
+def _open_dataset(path: Location):
+    import lance
+
+    return lance.dataset(_uri(path), storage_options=loc.lance_storage_options(path))
+
+
+def _data_files(path: Location) -> set[str]:
+    """Names of the files under ``path/data`` (one listing, local or on object storage)."""
+    data = loc.join(path, "data")
+    if loc.is_remote(path):
+        return {key.rsplit("/", 1)[-1] for key in loc.filesystem().find(data)}
+    return {p.name for p in data.iterdir()} if data.is_dir() else set()
+
+
+def _lengths_from_ids(ids: np.ndarray, where: Location) -> np.ndarray:
     if ids.size == 0:
         return np.zeros(0, dtype=np.int64)
     if ids[0] != 0 or np.any(np.diff(ids) < 0):
@@ -273,8 +295,8 @@ class LanceWriter:
 
     format = "lance"
 
-    def __init__(self, path: Path, metadata: dict, append: bool):
-        self.path = Path(path)
+    def __init__(self, path: Location, metadata: dict, append: bool):
+        self.path = path
         self._user_metadata = metadata
         self.schema = None
         self._arrow = None
@@ -283,7 +305,8 @@ class LanceWriter:
         self._uncompacted = 0
         if append:
             self._resume()
-            self._cleanup()  # versions a killed writer left behind
+            if not loc.is_remote(self.path):
+                self._cleanup()  # versions a killed writer left behind
 
     def _resume(self) -> None:
         reader = LanceReader(self.path)
@@ -317,9 +340,12 @@ class LanceWriter:
             sums = row_checksums(episode, list(self.schema))
             columns.append(_to_arrow(sums, (len(self.schema),)))
         table = pa.Table.from_arrays(columns, schema=self._arrow)
-        mode = "append" if (self.path / "_versions").is_dir() else "create"
         lance.write_dataset(
-            table, _local(self.path), mode=mode, data_storage_version=_STORAGE_VERSION
+            table,
+            _uri(self.path),
+            mode="append" if self._created() else "create",
+            data_storage_version=_STORAGE_VERSION,
+            storage_options=loc.lance_storage_options(self.path),
         )
         self.num_steps += length
         self.num_episodes += 1
@@ -328,40 +354,44 @@ class LanceWriter:
             self.compact()
         return self.num_episodes - 1
 
-    def compact(self) -> None:
-        """Merge small fragments (one commit), then delete superseded files if no one reads."""
-        import lance
-
+    def compact(self, closing: bool = False) -> None:
+        """Merge small fragments (one commit), then delete superseded files: on a local disk if
+        no one reads, on object storage (no readers' lock there) only when the writer closes."""
         self._uncompacted = 0
-        if not (self.path / "_versions").is_dir():
+        if not self._created():
             return
-        dataset = lance.dataset(_local(self.path))
+        dataset = _open_dataset(self.path)
         row_bytes = sum(np.dtype(d).itemsize * int(np.prod(s)) for d, s in self.schema.values())
         target = max(1024, _FRAGMENT_BYTES // max(row_bytes, 1))
         if len(dataset.get_fragments()) > 1:
             dataset.optimize.compact_files(target_rows_per_fragment=target)
-        self._cleanup()
+        if not loc.is_remote(self.path):
+            self._cleanup()
+        elif closing:
+            # Old versions only hold files that compaction replaced: reclaim the space.
+            _open_dataset(self.path).cleanup_old_versions(older_than=timedelta(0))
 
     def _cleanup(self) -> None:
         """Delete old versions' files (only compaction's leftovers), unless a reader is open: its
         version may still use them. Disk use is then bounded by the next compaction's cleanup."""
-        import lance
-
         hold = no_readers(self.path)
         if hold is None:
             return
         try:
             # Under the writer lock no other process writes: an unreferenced file is what a killed
             # writer left half-written, and goes too.
-            dataset = lance.dataset(_local(self.path))
+            dataset = _open_dataset(self.path)
             dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
         finally:
             hold.close()
 
+    def _created(self) -> bool:
+        return loc.is_dir(loc.join(self.path, "_versions"))
+
     def close(self) -> None:
         """Compact what is left and free superseded files."""
         if self._uncompacted:
-            self.compact()
+            self.compact(closing=True)
 
     def __enter__(self) -> "LanceWriter":
         return self
@@ -370,11 +400,11 @@ class LanceWriter:
         self.close()
 
 
-def open_reader(path: Path) -> LanceReader:
+def open_reader(path: Location) -> LanceReader:
     """Open a Lance dataset for reading."""
     return LanceReader(path)
 
 
-def open_writer(path: Path, metadata: dict, append: bool) -> LanceWriter:
+def open_writer(path: Location, metadata: dict, append: bool) -> LanceWriter:
     """Open a Lance dataset for episode-atomic appends."""
     return LanceWriter(path, metadata, append)
