@@ -44,8 +44,7 @@ class WriterLock:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip()
+                holder = _holder(handle)
                 handle.close()
                 who = f"process {holder}" if holder.isdigit() else "another process"
                 raise DatasetError(
@@ -67,6 +66,22 @@ class WriterLock:
             self.path.unlink(missing_ok=True)
             self._handle.close()
             self._handle = None
+
+
+HOLDER_WAIT_SECONDS = 1.0  # the holder writes its PID just after it takes the lock
+
+
+def _holder(handle) -> str:
+    """The PID written in a held lock file; waits briefly for a holder that has just locked it."""
+    import time
+
+    deadline = time.monotonic() + HOLDER_WAIT_SECONDS
+    while True:
+        handle.seek(0)
+        holder = handle.read().strip()
+        if holder.isdigit() or time.monotonic() > deadline:
+            return holder
+        time.sleep(0.01)
 
 
 def _same_file(handle, path: Path) -> bool:
