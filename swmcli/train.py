@@ -130,16 +130,44 @@ def _check_data_fingerprint(run_dir: Path, lengths, resume: bool, world) -> None
         path.write_text(json.dumps(fingerprint) + "\n")
 
 
-def _refuse_infinite_actions(batches, data_path) -> None:
-    """An infinite action makes the loss NaN for good: stop with the reason instead. (NaN
-    actions are the end-of-episode padding and are read as 0.)"""
-    import torch
+class _ActionCheck:
+    """Checks each batch's actions before they reach the model.
 
-    if any(torch.isinf(batch["action"]).any() for batch in batches):
-        raise SwmError(
-            f"{data_path} holds infinite actions: training on them would only produce NaN",
-            hint="fix or filter those episodes, or collect the data again",
-        )
+    An infinite action makes the loss NaN for good: training stops with the reason. NaN is the
+    end-of-episode marker (no action follows an episode's last observation; it can only be the
+    last ``action_dim`` values of a clip) and the model reads it as 0. A NaN anywhere else is
+    damaged or unusual data, read as 0 as well, and said once.
+    """
+
+    def __init__(self, data_path, action_dim: int, warnings: list[str]):
+        self.data_path, self.action_dim, self.warnings = data_path, action_dim, warnings
+        self.said = False
+
+    def __call__(self, batches) -> None:
+        import torch
+
+        for batch in batches:
+            action = batch["action"]
+            if torch.isinf(action).any():
+                raise SwmError(
+                    f"{self.data_path} holds infinite actions: training on them would only "
+                    "produce NaN",
+                    hint="fix or filter those episodes, or collect the data again",
+                )
+            if not self.said and self._nan_before_the_end(action):
+                self.said = True
+                self.warnings.append(
+                    warn(
+                        f"{self.data_path} holds NaN actions inside episodes (not only the "
+                        "end-of-episode marker): the model reads them as 0"
+                    )
+                )
+
+    def _nan_before_the_end(self, action) -> bool:
+        import torch
+
+        flat = action.flatten(1)  # (clips, history_len * frameskip * action_dim), row order
+        return bool(torch.isnan(flat[:, : -self.action_dim]).any())
 
 
 def _loader(cfg: SwmConfig, dataset, first_step: int, world):
@@ -324,7 +352,10 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
             save_checkpoint(run_dir, model=model, optimizer=optimizer, step=step, model_args=args)
 
     try:
-        summary = _loop(cfg, net, optimizer, batches, runner, monitor, start, checkpoint, world)
+        check = _ActionCheck(cfg.data.path, args["action_dim"], data.warnings)
+        summary = _loop(
+            cfg, net, optimizer, batches, check, runner, monitor, start, checkpoint, world
+        )
     finally:
         data.close()
     every_rank = distributed.gather_objects(monitor.report.phases, world)
@@ -473,7 +504,7 @@ def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
     ]
 
 
-def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint, world) -> dict:
+def _loop(cfg, model, optimizer, batches, check, runner, monitor, start, checkpoint, world) -> dict:
     """Steps ``start .. train.steps-1``: the first alone (it compiles), then the steady state.
 
     Ctrl-C or SIGTERM stops after the step in progress (on every rank, the same step), with a
@@ -497,7 +528,7 @@ def _loop(cfg, model, optimizer, batches, runner, monitor, start, checkpoint, wo
             for step in steps:
                 began = time.perf_counter()
                 micro = [next(batches) for _ in range(cfg.train.grad_accum)]
-                _refuse_infinite_actions(micro, cfg.data.path)
+                check(micro)
                 last.update(_train_step(model, optimizer, micro, runner, step, cfg, world))
                 seconds = time.perf_counter() - began
                 if step > start:

@@ -346,18 +346,36 @@ def test_clip_order_holds_one_epoch_whatever_the_steps():
     assert sorted(first[:10]) == list(range(10)) and sorted(first[10:20]) == list(range(10))
 
 
-def test_infinite_actions_stop_training_with_the_reason(tiny_data, tmp_path):
+def _with_actions(tiny_data, path, value):
+    """A copy of ``tiny_data`` whose episodes' actions are all ``value`` (but for the last row's
+    end-of-episode marker), so that every clip meets one."""
     from swmcli.core.storage import open_reader, open_writer
 
     reader = open_reader(tiny_data)
     episodes = [reader.read_episode(i) for i in range(reader.num_episodes)]
     metadata = {k: reader.metadata[k] for k in ("env_id", "resolution", "action_dim")}
     reader.close()
-    for episode in episodes:
-        episode["action"][0] = np.inf
-    bad = tmp_path / "bad.lance"
-    with open_writer(bad, metadata=metadata) as writer:
+    with open_writer(path, metadata=metadata) as writer:
         for episode in episodes:
+            episode["action"][:-1] = value
             writer.write_episode(episode)
+    return path
+
+
+def test_infinite_actions_stop_training_with_the_reason(tiny_data, tmp_path):
+    bad = _with_actions(tiny_data, tmp_path / "bad.lance", np.inf)
     with pytest.raises(SwmError, match="infinite actions"):
         run_train(_cfg(bad, tmp_path / "run", **{"train.steps": 3}), MemoryMonitor())
+
+
+def test_nan_actions_inside_episodes_are_said_once(tiny_data, tmp_path, capsys):
+    steps = {"train.steps": 3, "train.log_every": 1}
+    clean = run_train(_cfg(tiny_data, tmp_path / "clean", **steps), MemoryMonitor())
+    assert not any("NaN" in w for w in clean.warnings)  # the end-of-episode marker is no news
+    capsys.readouterr()
+    odd = _with_actions(tiny_data, tmp_path / "odd.lance", np.nan)
+    result = run_train(_cfg(odd, tmp_path / "run", **steps), MemoryMonitor())
+    said = [w for w in result.warnings if "NaN actions inside episodes" in w]
+    assert len(said) == 1 and "reads them as 0" in said[0]
+    assert capsys.readouterr().err.count("NaN actions inside episodes") == 1
+    assert np.isfinite(result.fields["final_loss"])
