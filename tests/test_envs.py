@@ -218,6 +218,20 @@ def test_policies_are_seeded_and_stay_in_the_action_space():
         assert actions.std(axis=0).min() > 0.05  # varied actions, not one repeated
 
 
+def test_random_policy_drives_an_env_that_keys_a_dict_on_its_discrete_action():
+    env = gym.make("FrozenLake-v1")  # no render_mode: stepping it needs no pygame
+    observation, _ = env.reset(seed=0)
+    policy = make_policy("random", env, seed=0)
+    seen = set()
+    for _ in range(30):
+        action = policy(observation)
+        seen.add(int(action))
+        observation, _, terminated, truncated, _ = env.step(action)  # P[s][action]: hashed
+        if terminated or truncated:
+            observation, _ = env.reset()
+    assert seen <= {0, 1, 2, 3} and len(seen) > 1
+
+
 def test_unknown_policy_and_expert_off_tworoom_are_usage_errors():
     env = make_env(TWOROOM_ID, 32, 100, seed=0)
     with pytest.raises(UsageError, match="unknown policy 'greedy'") as caught:

@@ -430,3 +430,21 @@ def test_a_path_with_a_colon_is_a_local_path(tmp_path, monkeypatch):
         write(Path(name), [make_episode(0, 5)])
         assert (tmp_path / name / "_versions").is_dir()
         assert open_reader(Path(name)).num_episodes == 1
+
+
+@pytest.mark.parametrize("uri", ["file://z.lance", "file:///tmp/z.lance", "memory://x.lance"])
+def test_a_uri_swm_does_not_support_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, uri
+):
+    from typer.testing import CliRunner
+
+    from swmcli.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        app, ["collect", "--preset", "tiny", "--episodes", "1", "--out", uri]
+    )
+    assert result.exit_code == 2 and "unsupported dataset location" in result.output
+    assert "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []
+    assert not Path("/z.lance").exists() and not Path("/tmp/z.lance").exists()

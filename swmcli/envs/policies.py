@@ -38,7 +38,9 @@ def _random_policy(env, seed: int) -> Callable[[dict], np.ndarray]:
     space.seed(seed)
 
     def act(observation: dict) -> np.ndarray:
-        return np.asarray(space.sample())
+        # The space's own sample: a Discrete space's is a hashable np.int64, which envs such as
+        # FrozenLake use as a dict key (a 0-d array is not hashable).
+        return space.sample()
 
     return act
 
