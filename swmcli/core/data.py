@@ -355,7 +355,23 @@ class ClipLoader(DataLoader):
     def __iter__(self):
         if self.num_workers > 0 and self._iterator is None:
             self.multiprocessing_context = _worker_context(self.dataset)
-        return super().__iter__()
+        return _worker_deaths_named(super().__iter__(), getattr(self.dataset, "format", None))
+
+
+def _worker_deaths_named(batches, format: str | None):
+    """Torch's "DataLoader worker exited unexpectedly" as one SwmError that says what to check:
+    a worker dies when a decoder crashes on damaged data, or when memory runs out."""
+    try:
+        yield from batches
+    except RuntimeError as error:
+        if not str(error).startswith("DataLoader worker"):
+            raise
+        raise errors.SwmError(
+            f"a loader worker reading the {format or 'training'} data died: "
+            f"{errors.first_line(error)}",
+            hint="`swm info --verify DATASET` names damaged episodes; if memory ran out, lower "
+            "--batch-size or --num-workers",
+        ) from error
 
 
 def _worker_context(dataset):

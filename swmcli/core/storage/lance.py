@@ -218,6 +218,10 @@ class LanceReader:
     def _take(self, rows: np.ndarray, columns: list[str]):
         return self._guard(lambda: self._dataset.take(rows, columns=columns))
 
+    def _decode(self, column, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """``_from_arrow``, where a column whose sizes disagree with the schema is damage."""
+        return self._guard(lambda: _from_arrow(column, dtype, shape))
+
     def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``rows`` (global, any order, repeats allowed) of ``key``, in that order (into
         ``out`` when given)."""
@@ -227,7 +231,7 @@ class LanceReader:
             raise IndexError(f"rows out of range 0..{self.num_steps - 1}")
         dtype, shape = self.keys[key]
         if not is_image(shape):
-            values = _from_arrow(self._take(rows, [key]).column(0), dtype, shape)
+            values = self._decode(self._take(rows, [key]).column(0), dtype, shape)
             return take_rows(values, None, out)
         if out is None:
             out = np.empty((len(rows), *shape), dtype)
@@ -239,14 +243,14 @@ class LanceReader:
         for start in range(0, len(rows), piece):
             positions = order[start : start + piece]
             column = self._take(rows[positions], [key]).column(0)
-            out[positions] = _from_arrow(column, dtype, shape)
+            out[positions] = self._decode(column, dtype, shape)
         return out
 
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         """Episode ``index`` as ``{key: (length, ...)}`` (all keys unless ``keys`` is given)."""
         keys = check_keys(self.keys, keys, self.path)
         table = self._take(self._episode_rows(index), keys)
-        return {k: _from_arrow(table.column(k), *self.keys[k]).copy() for k in keys}
+        return {k: self._decode(table.column(k), *self.keys[k]).copy() for k in keys}
 
     def _episode_rows(self, index: int) -> np.ndarray:
         start, length = int(self.episode_offsets[index]), int(self.episode_lengths[index])
@@ -257,7 +261,7 @@ class LanceReader:
         if CHECKSUM_COLUMN not in self._dataset.schema.names:
             return None
         column = self._take(self._episode_rows(index), [CHECKSUM_COLUMN]).column(0)
-        return _from_arrow(column, np.dtype(np.uint32), (len(self.keys),))
+        return self._decode(column, np.dtype(np.uint32), (len(self.keys),))
 
     def close(self) -> None:
         self._dataset = None
@@ -284,6 +288,8 @@ def _lengths_from_ids(ids: np.ndarray, where: Location) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     if ids[0] != 0 or np.any(np.diff(ids) < 0):
         raise DatasetError(f"{where}: episode_idx is not in episode order", _DAMAGED_HINT)
+    if ids[-1] >= ids.size:  # a damaged id would make bincount allocate ids[-1] counts
+        raise DatasetError(f"{where}: episodes are missing from episode_idx", _DAMAGED_HINT)
     lengths = np.bincount(ids).astype(np.int64)
     if np.any(lengths == 0):
         raise DatasetError(f"{where}: episodes are missing from episode_idx", _DAMAGED_HINT)
