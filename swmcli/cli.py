@@ -441,7 +441,11 @@ def train(
     ] = None,
     env: Annotated[str | None, typer.Option(help="gymnasium env id")] = None,
     policy: Annotated[
-        str | None, typer.Option(help="who picks the actions online: expert or random")
+        str | None,
+        typer.Option(
+            help="who picks the actions online: expert, random, or planner (the model being "
+            "trained plans toward the env's goal with the [eval] planner settings, plus noise)"
+        ),
     ] = None,
     updates_per_step: Annotated[
         float | None,

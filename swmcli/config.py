@@ -187,8 +187,13 @@ class OnlineConfig(Section):
     """`swm train --online`: a policy fills the capped ReplayBuffer while the model trains."""
 
     enabled: bool = Field(False, description="collect in the env while training (--env ID)")
-    policy: Literal["expert", "random"] = Field(
-        "expert", description="who picks the actions online: expert or random"
+    policy: Literal["expert", "random", "planner"] = Field(
+        "expert",
+        description="who picks the actions online: expert, random, or planner (the model being "
+        "trained plans toward the env's goal with the [eval] planner settings, plus noise)",
+    )
+    noise: float = Field(
+        0.3, ge=0, description="Gaussian noise (std, action units) added to planned actions"
     )
     updates_per_step: float = Field(
         0.1, gt=0, description="optimizer steps per env step collected (0.1: one every 10)"

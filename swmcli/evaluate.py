@@ -254,22 +254,11 @@ def _actor(model, cfg: SwmConfig, runner, shape, env, goal, seed: int):
 
         policy = make_policy("random", env, seed)
         return lambda observation: [policy(observation)]
-    from swmcli.planning import PlannerSettings, RecedingHorizon
+    from swmcli.planning import RecedingHorizon, planner_settings
 
-    e = cfg.eval
-    settings = PlannerSettings(
-        e.horizon,
-        e.samples,
-        e.iterations,
-        e.elites,
-        cost=e.cost,
-        noise_beta=e.noise_beta,
-        keep_elites=e.keep_elites,
-        replan_every=e.replan_every,
-        action_dim=shape["action_dim"],
-    )
+    settings = planner_settings(cfg.eval, shape["action_dim"])
     block = shape["frameskip"] * shape["action_dim"]
-    planner = RecedingHorizon(model, e.planner, settings, block, seed)
+    planner = RecedingHorizon(model, cfg.eval.planner, settings, block, seed)
     planner.reset(runner.to_device({"goal": goal})["goal"])
 
     def act(observation: dict) -> list[np.ndarray]:

@@ -8,6 +8,8 @@ per-episode seeds, so episode ``i`` of an online run is episode ``i`` of ``swm c
 When the ring is full the buffer evicts whole oldest episodes, never the one being written, and
 with ``--record`` each finished episode is appended to a dataset in one atomic write: a killed run
 keeps every finished episode, and ``--resume`` refills the buffer with the newest of them.
+The policy is ``expert``, ``random``, or ``planner``: the model being trained, planning toward
+the env's goal with exploration noise (``NoisyPlanner``).
 
 One process, not a collector process writing into a shared-memory ring: on 2 cores an env step
 and its row cost microseconds next to an optimizer step's tenths of a second (at 64x64, about
@@ -37,7 +39,11 @@ class OnlineFeed:
         self.cfg = cfg
         self.seed = cfg.train.seed
         self.env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, self.seed)
-        make_policy(cfg.online.policy, self.env, self.seed)  # refuses a policy the env cannot run
+        if cfg.online.policy == "planner":
+            _check_plannable(self.env, cfg.env.id)
+        else:  # refuses a policy the env cannot run
+            make_policy(cfg.online.policy, self.env, self.seed)
+        self.model = self.runner = None  # what --policy planner plans with (``plan_with``)
         self.action_dim = action_dim_of(self.env)
         self.cap = cfg.data.max_steps or cfg.collect.max_steps
         self.buffer = ReplayBuffer(
@@ -90,6 +96,10 @@ class OnlineFeed:
             self.refilled = len(newest)
         self.writer = open_writer(record, mode="append", metadata=self.metadata)
 
+    def plan_with(self, model, runner) -> None:
+        """The model being trained, and its runner: ``--policy planner`` plans with them."""
+        self.model, self.runner = model, runner
+
     def collect_until(self, rows: int) -> None:
         """Roll out until ``rows`` rows are collected and at least one clip can be sampled."""
         from swmcli.envs.policies import make_policy
@@ -97,7 +107,10 @@ class OnlineFeed:
         while self.rows < rows or self.buffer.num_clips == 0:
             if self._episode is None:
                 seed = episode_seed(self.seed, self.episodes)
-                policy = make_policy(self.cfg.online.policy, self.env, seed)
+                if self.cfg.online.policy == "planner":
+                    policy = NoisyPlanner(self.model, self.runner, self.cfg, self.env, seed)
+                else:
+                    policy = make_policy(self.cfg.online.policy, self.env, seed)
                 self._episode = episode_rows(self.env, policy, self.action_dim, seed=seed)
             row = next(self._episode, None)
             if row is None:
@@ -146,3 +159,58 @@ class OnlineFeed:
         if self.writer is not None:
             self.writer.close()
         self.env.close()
+
+
+class NoisyPlanner:
+    """``--policy planner``: the model being trained plans toward the env's goal with the run's
+    ``[eval]`` planner (receding horizon, one plan per ``replan_every`` blocks of ``frameskip``
+    env steps) from the current frame; every planned action gets Gaussian noise of std
+    ``online.noise`` and is clipped to the action space. Planning runs in eval mode without
+    gradients; the model goes back to training after each plan."""
+
+    def __init__(self, model, runner, cfg: SwmConfig, env, seed: int):
+        from swmcli.planning import RecedingHorizon, planner_settings
+
+        self.model, self.runner, self.env = model, runner, env
+        self.action_dim = action_dim_of(env)
+        settings = planner_settings(cfg.eval, self.action_dim)
+        block = cfg.data.frameskip * self.action_dim
+        self.planner = RecedingHorizon(model, cfg.eval.planner, settings, block, seed)
+        self.noise = cfg.online.noise
+        self.rng = np.random.default_rng(seed)
+        self.queue: list[np.ndarray] = []
+        self.goal_set = False
+
+    def __call__(self, observation: dict) -> np.ndarray:
+        if not self.queue:
+            self.queue = list(self._plan(observation["pixels"]))
+        action = self.queue.pop(0) + self.rng.normal(0.0, self.noise, self.action_dim)
+        space = self.env.action_space
+        return np.clip(action, space.low, space.high).astype(np.float32)
+
+    def _plan(self, pixels: np.ndarray) -> np.ndarray:
+        """The actions of the blocks to execute now, ``(steps, action_dim)``."""
+        from swmcli.envs import goal_pixels
+
+        with self.runner.inference(self.model):
+            if not self.goal_set:  # the env was reset just before the first action
+                goal = goal_pixels(self.env)
+                self.planner.reset(self.runner.to_device({"goal": goal})["goal"])
+                self.goal_set = True
+            frame = self.runner.to_device({"pixels": pixels})["pixels"]
+            blocks = self.planner.act(frame).float().cpu().numpy()
+        return blocks.reshape(-1, self.action_dim)
+
+
+def _check_plannable(env, env_id: str) -> None:
+    """``--policy planner`` needs a goal image to plan toward and continuous actions."""
+    import gymnasium as gym
+
+    from swmcli.envs import has_goal_image
+
+    if not has_goal_image(env) or not isinstance(env.action_space, gym.spaces.Box):
+        raise UsageError(
+            f"--policy planner plans toward the env's goal image, and {env_id} has no goal "
+            "image or no continuous actions",
+            hint="use --policy expert or random, or a goal-conditioned env (swm/TwoRoom-v0)",
+        )

@@ -107,6 +107,21 @@ def mppi(model, latent, goal, mean, settings: PlannerSettings, generator) -> tor
 PLANNERS = {"cem": cem, "mppi": mppi}
 
 
+def planner_settings(e, action_dim: int) -> PlannerSettings:
+    """The settings of ``EvalConfig`` ``e`` for an env of ``action_dim`` floats per action."""
+    return PlannerSettings(
+        e.horizon,
+        e.samples,
+        e.iterations,
+        e.elites,
+        cost=e.cost,
+        noise_beta=e.noise_beta,
+        keep_elites=e.keep_elites,
+        replan_every=e.replan_every,
+        action_dim=action_dim,
+    )
+
+
 class RecedingHorizon:
     """Plans toward one goal, some blocks at a time, reusing the previous plan as a warm start."""
 

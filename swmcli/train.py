@@ -340,6 +340,8 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
             # After .to(device): the optimizer's state must sit where the parameters are.
             optimizer.load_state_dict(state["optimizer"])
         net = distributed.wrap(model, world, runner.device)
+        if cfg.online.enabled:
+            data.feed.plan_with(model, runner)  # --policy planner plans with the model it trains
         batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...
         if state:
             restore_rng(state)  # ... so the checkpointed state is restored after it

@@ -152,3 +152,45 @@ def test_online_resume_needs_a_record(tmp_path):
     run_train(cfg, MemoryMonitor())
     with pytest.raises(UsageError, match="resumes from its --record"):
         run_train(cfg, MemoryMonitor(), resume=True, steps=4)
+
+
+PLANNER = {
+    "online.policy": "planner",
+    "online.warmup_steps": 40,
+    "online.updates_per_step": 0.5,
+    "eval.horizon": 2,
+    "eval.samples": 16,
+    "eval.iterations": 2,
+    "eval.elites": 4,
+    "eval.keep_elites": 1,
+}
+
+
+def test_planner_policy_collects_with_the_model_it_trains(tmp_path):
+    cfg = _cfg(tmp_path, **PLANNER, **{"train.steps": 40})
+    result = run_train(cfg, MemoryMonitor()).fields
+    assert result["policy"] == "planner" and result["collected_episodes"] >= 1
+    rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    # Planning in eval mode without gradients hands the model back trainable: it still learns.
+    first = np.mean([row["prediction"] for row in rows[:5]])
+    last = np.mean([row["prediction"] for row in rows[-5:]])
+    assert last < 0.8 * first, (first, last)
+    reader = open_reader(tmp_path / "record.lance")
+    actions = np.concatenate([reader.read_episode(i)["action"][:-1] for i in range(2)])
+    reader.close()
+    assert np.all(np.abs(actions) <= 1) and actions.std(axis=0).min() > 0.05
+    # Not the expert's or the random policy's seeded actions: the planner chose them.
+    env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps)
+    seed = episode_seed(cfg.train.seed, 0)
+    for name in ("expert", "random"):
+        other = list(episode_rows(env, make_policy(name, env, seed), 2, seed=seed, limit=5))
+        assert not np.allclose(actions[:4], np.stack([row["action"] for row in other[:4]]))
+
+
+def test_planner_policy_needs_a_goal_image(tmp_path):
+    import test_envs
+
+    cfg = _cfg(tmp_path, **PLANNER, **{"env.id": test_envs.TINY_ID, "train.steps": 2})
+    with pytest.raises(UsageError, match="--policy planner plans toward the env's goal image"):
+        run_train(cfg, MemoryMonitor())
+    assert not (tmp_path / "record.lance").exists()

@@ -70,11 +70,20 @@ class Runner:
 
     @contextlib.contextmanager
     def inference(self, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-        """Gradient-free evaluation: eval mode, ``requires_grad_(False)``, ``inference_mode``."""
+        """Gradient-free evaluation: eval mode, ``requires_grad_(False)``, ``inference_mode``;
+        the model's mode and ``requires_grad`` flags are restored after (online training plans
+        with the model it trains)."""
+        training = model.training
+        wanted = [p.requires_grad for p in model.parameters()]
         model.eval()
         model.requires_grad_(False)
-        with torch.inference_mode(), self.autocast():
-            yield model
+        try:
+            with torch.inference_mode(), self.autocast():
+                yield model
+        finally:
+            model.train(training)
+            for parameter, flag in zip(model.parameters(), wanted, strict=True):
+                parameter.requires_grad_(flag)
 
 
 def choose_device(requested: str | None = None) -> torch.device:
