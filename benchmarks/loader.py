@@ -6,10 +6,12 @@ loader (stable-worldmodel 0.1.1), on the very same episodes, in one run.
 
 The episodes are ``make_episode(seed)`` from ``../shared/bench/synth.py`` (40 x 100 steps of
 224x224 frames that compress like a simple rendered scene); every row reads clips of history 4,
-frameskip 2, batch 64, with 2 DataLoader workers (the buffer is read in-process, as
-``make_loader`` does for it). Each row prints clips/s after two warm-up batches, the time to the
-first batch from opening the dataset (workers' start included), bytes on disk per step. The
-dataset files are dropped from the page cache before every streamed row (cold).
+frameskip 2, batch 64, with 2 readers: reader threads (``make_loader``'s default, the rows named by
+their format) or DataLoader worker processes (``data.workers = "processes"``, the ", processes"
+rows); the buffer is read in-process, as ``make_loader`` does for it. Each row runs in a fresh
+forked process (as a new ``swm train`` would) and prints clips/s after two warm-up batches, the
+time to the first batch from opening the dataset (workers' start included), bytes on disk per
+step. The dataset files are dropped from the page cache before every streamed row (cold).
 
 The upstream row runs ``../shared/bench/upstream_loader_bench.py`` (it writes the same episodes
 with upstream's own writer and times ``load_dataset`` + DataLoader with the same settings) with
@@ -95,10 +97,12 @@ def fill_buffer(args) -> ReplayBuffer:
     return buffer
 
 
-def stream(open_source, batches: int) -> dict:
+def stream(open_source, batches: int, processes: bool) -> dict:
     """Time the first batch (from opening the source), then ``batches`` after the warm-up."""
     start = time.perf_counter()
-    loader = make_loader(open_source(), batch_size=BATCH, num_workers=WORKERS, seed=0)
+    loader = make_loader(
+        open_source(), batch_size=BATCH, num_workers=WORKERS, seed=0, processes=processes
+    )
     iterator = iter(loader)
     first = next(iterator)
     first_seconds = time.perf_counter() - start
@@ -116,8 +120,24 @@ def stream(open_source, batches: int) -> dict:
     return {
         "clips_per_s": batches * BATCH / seconds,
         "first_batch_s": first_seconds,
-        "first": first,
+        "first": {key: value.numpy() for key, value in first.items()},
     }
+
+
+def stream_in_child(open_source, batches: int, processes: bool) -> dict:
+    """``stream`` in a forked child: each row starts as a fresh ``swm train`` process does, one
+    that has not opened Lance (so worker processes fork), and no row inherits another's state."""
+    receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+
+    def child() -> None:
+        send.send(stream(open_source, batches, processes))
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    send.close()
+    row = receive.recv()
+    process.join()
+    return row
 
 
 def run_upstream(args, scratch: Path) -> list[dict]:
@@ -206,34 +226,42 @@ def run(args, scratch: Path) -> None:
     steps = args.episodes * args.length
     upstream = run_upstream(args, scratch)
     buffer = fill_buffer(args)
-    rows = {"lance": [], "hdf5": [], "buffer": []}
+    sources = {  # row -> (format, worker processes rather than threads)
+        "lance": ("lance", False),
+        "hdf5": ("hdf5", False),
+        "lance, processes": ("lance", True),
+        "hdf5, processes": ("hdf5", True),
+        "buffer": ("buffer", False),
+    }
+    rows = {name: [] for name in sources}
     firsts = {}
     for _ in range(args.repeats):
-        for name in rows:
-            if name == "buffer":
+        for name, (fmt, processes) in sources.items():
+            if fmt == "buffer":
 
                 def open_source():
                     return buffer
             else:
-                drop_from_page_cache(paths[name])
+                drop_from_page_cache(paths[fmt])
 
-                def open_source(path=paths[name]):
+                def open_source(path=paths[fmt]):
                     return load_dataset(path, history_len=HISTORY_LEN, frameskip=FRAMESKIP)
 
-            row = stream(open_source, args.batches)
+            row = stream_in_child(open_source, args.batches, processes)
             firsts[name] = row.pop("first")
             rows[name].append(row)
-    per_step = {name: nbytes_under(path) / steps for name, path in paths.items()}
+    per_step = {name: nbytes_under(paths[fmt]) / steps for name, (fmt, _) in sources.items()
+                if fmt != "buffer"}  # fmt: skip
     if upstream:
         rows["upstream lance"] = upstream
         per_step["upstream lance"] = upstream[0]["per_step"]
     print_table(rows, per_step)
     same = all(
-        np.array_equal(firsts["lance"][k].numpy(), firsts[other][k].numpy(), equal_nan=True)
-        for other in ("hdf5", "buffer")
+        np.array_equal(firsts["lance"][k], firsts[other][k], equal_nan=True)
+        for other in firsts
         for k in firsts["lance"]
     )
-    print(f"lossless: first batches identical across lance, hdf5 and buffer: {same}")
+    print(f"lossless: first batches identical across every row: {same}")
     print(f"peak RSS of this process: {format_bytes(peak_rss_bytes())}")
     for name, path in paths.items():
         where_time_goes(name, path, args.seed)
@@ -247,7 +275,7 @@ def print_table(rows: dict[str, list[dict]], per_step: dict[str, float]) -> None
     }
     base = median.get("upstream lance")
     print(
-        f"{'source':<15} {'clips/s median (range)':>24} {'x upstream':>10} {'x lance':>8}"
+        f"{'source':<17} {'clips/s median (range)':>24} {'x upstream':>10} {'x lance':>8}"
         f" {'first batch':>18} {'on disk/step':>12}"
     )
     for name, runs in rows.items():
@@ -256,7 +284,7 @@ def print_table(rows: dict[str, list[dict]], per_step: dict[str, float]) -> None
         versus = f"{median[name] / base:.2f}" if base else "-"
         stored = format_bytes(per_step[name]) if name in per_step else "in RAM"
         print(
-            f"{name:<15} {clips:>24} {versus:>10} {median[name] / median['lance']:>8.2f}"
+            f"{name:<17} {clips:>24} {versus:>10} {median[name] / median['lance']:>8.2f}"
             f" {first + ' s':>18} {stored:>12}"
         )
 

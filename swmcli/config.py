@@ -92,8 +92,16 @@ class DataConfig(Section):
     )
     history_len: PositiveInt = Field(3, description="observations per clip")
     frameskip: PositiveInt = Field(5, description="observation stride; actions stay dense")
-    num_workers: int = Field(2, ge=0, description="DataLoader worker processes")
-    prefetch_factor: PositiveInt = Field(2, description="batches each worker reads ahead")
+    num_workers: int = Field(
+        2, ge=0, description="readers of the streamed data (0: read between training steps)"
+    )
+    workers: Literal["threads", "processes"] = Field(
+        "threads",
+        description="readers as threads of the trainer (fastest: no copy through shared "
+        "memory) or DataLoader worker processes (a decoder crash on damaged data then kills "
+        "only the worker)",
+    )
+    prefetch_factor: PositiveInt = Field(2, description="batches each reader reads ahead")
     cache_dir: Path | None = Field(
         None, description="keep the episode index here so reopening does not rescan"
     )

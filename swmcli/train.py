@@ -190,6 +190,7 @@ def _loader(cfg: SwmConfig, dataset, first_step: int, world):
         seed=cfg.train.seed,
         prefetch_factor=cfg.data.prefetch_factor,
         order=order,
+        processes=cfg.data.workers == "processes",
     )
 
 

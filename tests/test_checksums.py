@@ -114,7 +114,7 @@ def test_flips_that_crash_a_decoder_are_one_error_naming_the_episode(tmp_path):
     assert all(re.search(r"episode \d+: reading it crashed", r) for r in crashed)
 
 
-def test_a_loader_worker_that_a_decoder_crash_kills_is_one_error(tmp_path):
+def test_a_loader_worker_process_that_a_decoder_crash_kills_is_one_error(tmp_path):
     from swmcli.core.data import load_dataset, make_loader
     from swmcli.errors import SwmError
 
@@ -130,6 +130,6 @@ def test_a_loader_worker_that_a_decoder_crash_kills_is_one_error(tmp_path):
         pytest.skip("this pylance's file layout moved: the flip does not crash its decoder")
     clips = load_dataset(path, history_len=2, frameskip=1)
     with pytest.raises(SwmError, match="a loader worker reading the lance data died") as caught:
-        for _ in make_loader(clips, 4, num_workers=1):
+        for _ in make_loader(clips, 4, num_workers=1, processes=True):
             pass
     assert "swm info --verify" in caught.value.hint

@@ -132,12 +132,13 @@ def test_cache_dir_keeps_the_episode_index(tmp_path, dataset):
 
 
 # Lance through workers: test_lance_workers_fork_only_while_it_is_safe (a fresh process).
+@pytest.mark.parametrize("processes", [False, True])
 @pytest.mark.parametrize("fmt", ["hdf5", "folder"])
-def test_loader_with_workers_yields_batches_in_order(tmp_path, fmt):
+def test_loader_with_workers_yields_batches_in_order(tmp_path, fmt, processes):
     path = tmp_path / f"d{SUFFIX[fmt]}"
     write_dataset(path, lengths=(30, 30), fmt=fmt)
     clips = load_dataset(path, history_len=4, frameskip=2)
-    loader = make_loader(clips, batch_size=8, num_workers=2, shuffle=False)
+    loader = make_loader(clips, batch_size=8, num_workers=2, shuffle=False, processes=processes)
     assert loader.pin_memory == torch.cuda.is_available()
     batches = list(loader)
     assert len(batches) == clips.num_clips // 8
@@ -178,8 +179,8 @@ FRESH_PROCESS = """
 import sys
 from swmcli.core.data import load_dataset, make_loader
 clips = load_dataset(sys.argv[1], history_len=2)
-first = make_loader(clips, batch_size=4, num_workers=2, shuffle=False)
-second = make_loader(clips, batch_size=4, num_workers=1, shuffle=False)
+first = make_loader(clips, batch_size=4, num_workers=2, shuffle=False, processes=True)
+second = make_loader(clips, batch_size=4, num_workers=1, shuffle=False, processes=True)
 batch = next(iter(first))
 same = (batch["pixels"].numpy() == clips.read_batch([0, 1, 2, 3])["pixels"]).all()
 # clips.__getitems__ opened Lance here: the second loader, built before that, must not fork now.
@@ -207,8 +208,9 @@ def _in_a_fresh_process(script: str, tmp_path: Path) -> subprocess.CompletedProc
 
 
 def test_lance_workers_fork_only_while_it_is_safe(tmp_path):
-    """A fresh process (`swm train` after `swm collect`) forks its workers (fast); once it has
-    opened Lance itself, a loader starting workers uses forkserver instead (no crash)."""
+    """With worker processes, a fresh process (`swm train` after `swm collect`) forks its workers
+    (fast); once it has opened Lance itself, a loader starting workers uses forkserver instead
+    (no crash)."""
     done = _in_a_fresh_process(FRESH_PROCESS, tmp_path)
     assert done.stdout.split() == ["fork", "forkserver", "(4,", "2,", "32,", "32,", "3)", "True"]
     assert "fork-safe" not in done.stderr
@@ -312,3 +314,42 @@ except DatasetError as error:
 def test_an_indexing_child_that_dies_is_an_error_not_a_hang(tmp_path):
     done = _in_a_fresh_process(CHILD_DIES, tmp_path)
     assert "its process died (exit code -9)" in done.stdout
+
+
+@pytest.mark.parametrize("fmt", ["lance", "hdf5"])
+def test_reader_threads_never_write_over_a_batch_still_held(tmp_path, fmt):
+    path = tmp_path / f"d{SUFFIX[fmt]}"
+    write_dataset(path, lengths=(40, 40, 40), fmt=fmt)
+    clips = load_dataset(path, history_len=2, frameskip=1)
+    order = np.random.default_rng(0).permutation(clips.num_clips)
+    held = list(make_loader(clips, batch_size=4, num_workers=2, order=order))
+    for number, batch in enumerate(held):  # all kept: no array may have been reused
+        want = clips.read_batch(order[number * 4 : number * 4 + 4])
+        for key, value in want.items():
+            assert np.array_equal(batch[key].numpy(), value, equal_nan=True), (number, key)
+    del held
+    # Let go batch by batch, the same few arrays come back: no fresh pages per batch. (A spare
+    # still in flight when all are busy makes a new one: a couple more than ``keep`` at most.)
+    addresses = {b["pixels"].data_ptr() for b in make_loader(clips, 4, num_workers=2, order=order)}
+    assert len(addresses) <= clips.spares.keep + 2 < len(order) // 4
+
+
+def test_reader_threads_raise_the_readers_error_and_stop(tmp_path):
+    import threading
+
+    path = tmp_path / "d.h5"
+    write_dataset(path)
+    clips = load_dataset(path, history_len=2)
+    before = threading.active_count()
+    loader = make_loader(clips, batch_size=2, num_workers=2, order=np.array([0, 1, 2, 10**9]))
+    batches = iter(loader)
+    next(batches)
+    with pytest.raises(IndexError, match="clip index out of range"):
+        next(batches)
+    for batch in make_loader(clips, batch_size=2, num_workers=2):
+        break  # an abandoned iteration
+    del batch
+    import gc
+
+    gc.collect()
+    assert threading.active_count() == before

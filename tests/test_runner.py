@@ -51,12 +51,18 @@ def test_inference_is_gradient_free():
     runner = make_runner()
     model = runner.prepare(_model())
     batch = runner.to_device(_numpy_batch())
+    model.train()
+    model.predictor.requires_grad_(False)  # a frozen part stays frozen after
     with runner.inference(model):
         assert torch.is_inference_mode_enabled()
+        assert not any(p.requires_grad for p in model.parameters())
+        assert not model.training
         latents = model.encode(batch["pixels"])
-    assert not any(p.requires_grad for p in model.parameters())
-    assert not model.training
     assert latents.is_inference() and not latents.requires_grad
+    # Handed back as it came: training mode, and each parameter's own requires_grad.
+    assert model.training
+    assert all(p.requires_grad for p in model.encoder.parameters())
+    assert not any(p.requires_grad for p in model.predictor.parameters())
 
 
 def test_bf16_autocast_trains_tiny_model():

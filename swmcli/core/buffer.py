@@ -11,7 +11,6 @@ is ``position % max_steps``. An episode that runs past the end of the ring simpl
 gathers read it with ``np.take(..., mode="wrap")``, so nothing is ever moved or staged.
 """
 
-import sys
 from collections import deque
 from collections.abc import Iterator, Mapping
 
@@ -27,6 +26,7 @@ from swmcli.core.clips import (
     observation_rows,
 )
 from swmcli.core.memory import available_host_bytes
+from swmcli.core.spares import Spares
 from swmcli.core.storage import Schema, describe_schema
 from swmcli.errors import BudgetExceeded, OutOfRangeError, UsageError
 from swmcli.units import format_bytes, format_gb
@@ -124,7 +124,7 @@ class ReplayBuffer:
         self._rng = np.random.default_rng(seed)
         self._schema: Schema | None = None
         self._rings: dict[str, np.ndarray] = {}
-        self._spares: dict[str, list[np.ndarray]] = {}  # gather outputs to reuse once let go
+        self._spares = Spares(_SPARES_PER_KEY)  # gather outputs to reuse once let go
         self._reset_rows()
 
     def _reset_rows(self) -> None:
@@ -191,7 +191,7 @@ class ReplayBuffer:
     def release(self) -> None:
         """Empty the buffer and free its arrays; the next write locks a new schema and allocates."""
         self._rings = {}
-        self._spares = {}
+        self._spares.clear()
         self._schema = None
         self._reset_rows()
 
@@ -368,26 +368,13 @@ class ReplayBuffer:
             rows = dense if key == ACTION else obs
             shape = (*rows.shape, *ring.shape[1:])
             if out is None:
-                target = self._free_output(key, shape, ring.dtype)
+                target = self._spares.array(key, shape, ring.dtype)
             else:
                 target = self._out_array(out, key, shape, ring.dtype)
             # mode="wrap" maps logical positions onto the ring (and, unlike "raise", is unbuffered).
             np.take(ring, rows, axis=0, out=target, mode="wrap")
             batch[key] = fold_actions(target, self.history_len) if key == ACTION else target
         return batch
-
-    def _free_output(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """An array to gather ``key`` into: one of the last batches' that nothing holds any more,
-        else a new one (kept for later, two per key). Reusing pages saves their faults, about half
-        a gather's time at 224x224; a batch the caller still holds is never written over."""
-        spares = self._spares.setdefault(key, [])
-        for index in range(len(spares)):
-            # Two references: the list's and getrefcount's argument. Anything more is a holder.
-            if sys.getrefcount(spares[index]) == 2 and spares[index].shape == shape:
-                return spares[index]
-        array = np.empty(shape, dtype)
-        spares[:] = [*spares[-(_SPARES_PER_KEY - 1) :], array]
-        return array
 
     def _out_array(self, out: Mapping[str, np.ndarray], key: str, shape, dtype) -> np.ndarray:
         """``out[key]`` viewed with the gather's (unfolded) shape, or a clear error."""

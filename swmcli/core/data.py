@@ -15,11 +15,13 @@ dataset anyway, ``make_loader`` switches to a forkserver context; the user never
 """
 
 import hashlib
+import itertools
 import multiprocessing
 import os
 import signal
 import warnings
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from swmcli.core.clips import (
     observation_rows,
 )
 from swmcli.core.memory import available_host_bytes
+from swmcli.core.spares import Spares
 from swmcli.core.storage import (
     check_keys,
     detect,
@@ -81,6 +84,7 @@ class ClipDataset(Dataset):
             )
         self._reader = None
         self._reader_pid = None
+        self.spares = Spares()
 
     @property
     def num_clips(self) -> int:
@@ -92,7 +96,11 @@ class ClipDataset(Dataset):
 
     def __getstate__(self) -> dict:
         # Workers get the index, never an open file: each opens its own after the fork/spawn.
-        return {**self.__dict__, "_reader": None, "_reader_pid": None}
+        return {**self.__dict__, "_reader": None, "_reader_pid": None, "spares": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.spares = Spares()
 
     def _open(self):
         if self._reader is None or self._reader_pid != os.getpid():
@@ -117,14 +125,14 @@ class ClipDataset(Dataset):
         for key, (dtype, shape) in self.keys.items():
             if key == ACTION:
                 rows = action_rows(starts, self.history_len, self.frameskip).reshape(-1)
-                dense = reader.read_rows(key, rows, out=_batch_array((len(rows), *shape), dtype))
+                out = self._output(key, (len(rows), *shape), dtype)
+                dense = reader.read_rows(key, rows, out=out)
                 clips[key] = fold_actions(
                     dense.reshape(len(starts), -1, int(np.prod(shape))), self.history_len
                 )
             else:
-                values = reader.read_rows(
-                    key, observed, out=_batch_array((len(observed), *shape), dtype)
-                )
+                out = self._output(key, (len(observed), *shape), dtype)
+                values = reader.read_rows(key, observed, out=out)
                 clips[key] = values.reshape(len(starts), self.history_len, *shape)
         return clips
 
@@ -143,15 +151,18 @@ class ClipDataset(Dataset):
             self._reader.close()
             self._reader = None
 
+    def _output(self, key: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Where a batch of ``key`` is read into: in a DataLoader worker process, shared memory;
+        in this process, a spare array that no earlier batch still holds (``Spares``)."""
+        if torch.utils.data.get_worker_info() is None:
+            return self.spares.array(key, shape, dtype)
+        return _shared_array(shape, dtype)
 
-def _batch_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """Where a batch is read into: in a DataLoader worker, shared memory.
 
-    A worker's batch reaches the main process through shared memory; torch would copy a private
-    array there. Reading straight into it saves that copy (``collate_clips`` finds the tensor).
-    """
-    if torch.utils.data.get_worker_info() is None:
-        return np.empty(shape, dtype)
+def _shared_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A worker's batch reaches the main process through shared memory; torch would copy a
+    private array there. Reading straight into it saves that copy (``collate_clips`` finds the
+    tensor)."""
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     element = torch.from_numpy(np.empty(0, dtype)).dtype
     storage = torch.UntypedStorage._new_shared(nbytes)
@@ -159,7 +170,8 @@ def _batch_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 def _tensor_of(array: np.ndarray) -> torch.Tensor:
-    """The tensor ``array`` views when it came from ``_batch_array`` in a worker, else a wrapper."""
+    """The tensor ``array`` views when it came from ``_shared_array`` in a worker, else a
+    wrapper."""
     owner = array
     while isinstance(owner, np.ndarray):
         owner = owner.base
@@ -386,6 +398,51 @@ def _worker_context(dataset):
     return multiprocessing.get_context("fork")
 
 
+class ThreadLoader:
+    """Batches of a ClipDataset read by ``num_workers`` threads of this process, up to
+    ``num_workers * prefetch_factor`` batches ahead, yielded in order as tensors.
+
+    Threads rather than worker processes: readers spend their time where the GIL is released
+    (Lance's Rust reader, LZ4 and zlib decompression, file reads); a batch then reaches the trainer
+    without a trip through shared memory, its arrays are reused once let go (no page faults per
+    batch), and nothing forks (Lance is not fork-safe). The price: a decoder that crashes on
+    damaged data takes this process with it, where a worker process would die alone.
+    """
+
+    def __init__(self, dataset, batch_sampler, num_workers: int, prefetch_factor: int):
+        self.dataset, self.batch_sampler = dataset, batch_sampler
+        self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
+        self.pin_memory = torch.cuda.is_available()
+        # Batches in flight, plus the one the caller works on and the one it just let go.
+        dataset.spares.keep = num_workers * prefetch_factor + 2
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        batches = iter(self.batch_sampler)
+        pending: deque = deque()
+        with ThreadPoolExecutor(self.num_workers, thread_name_prefix="swm-reader") as pool:
+            try:
+                for indices in itertools.islice(batches, self.num_workers * self.prefetch_factor):
+                    pending.append(pool.submit(self.dataset.read_batch, indices))
+                while pending:
+                    arrays = pending.popleft().result()
+                    following = next(batches, None)
+                    if following is not None:
+                        pending.append(pool.submit(self.dataset.read_batch, following))
+                    batch = collate_clips(arrays)
+                    del arrays
+                    if self.pin_memory:
+                        batch = {key: value.pin_memory() for key, value in batch.items()}
+                    yield batch
+            finally:
+                for future in pending:
+                    future.cancel()
+
+
 def make_loader(
     dataset,
     batch_size: int,
@@ -395,14 +452,16 @@ def make_loader(
     prefetch_factor: int = 2,
     drop_last: bool = True,
     order: np.ndarray | None = None,
-) -> DataLoader:
-    """A DataLoader over a ClipDataset or a ReplayBuffer yielding ``{key: (B, ...)}`` tensors.
+    processes: bool = False,
+):
+    """An iterable over a ClipDataset or a ReplayBuffer yielding ``{key: (B, ...)}`` tensors.
 
-    Picks the worker start method itself, pins memory only where CUDA exists, keeps workers alive
-    across epochs and seeds the order. ``order`` (clip indices) replaces the shuffled epochs with
-    exactly that sequence, read ``batch_size`` at a time (training uses it to resume mid-epoch).
-    A ReplayBuffer is read in this process (its arrays live here; workers would copy them), so
-    ``num_workers`` is 0 for it.
+    ``num_workers`` readers, threads of this process (``ThreadLoader``) or, with ``processes``,
+    a DataLoader's worker processes (their start method picked here, kept alive across epochs);
+    memory is pinned only where CUDA exists, and the order is seeded. ``order`` (clip indices)
+    replaces the shuffled epochs with exactly that sequence, read ``batch_size`` at a time
+    (training uses it to resume mid-epoch). A ReplayBuffer is read in this process by the caller
+    (its arrays live here; a gather runs at memory speed), so ``num_workers`` is 0 for it.
     """
     if not isinstance(dataset, ClipDataset):
         num_workers = 0
@@ -412,6 +471,8 @@ def make_loader(
     else:  # an array, or any sized iterable of clip indices (drawn lazily)
         clips = order.tolist() if isinstance(order, np.ndarray) else order
     sampler = BatchSampler(clips, batch_size, drop_last)
+    if num_workers > 0 and not processes:
+        return ThreadLoader(dataset, sampler, num_workers, prefetch_factor)
     workers = {}
     if num_workers > 0:
         workers = {
