@@ -156,11 +156,15 @@ def test_loader_order_is_seeded(tmp_path):
     write_dataset(path)
     clips = load_dataset(path, keys_to_load=["state"], history_len=2)
 
-    def first_batch(seed):
-        return next(iter(make_loader(clips, batch_size=4, num_workers=0, seed=seed)))["state"]
+    def first_batch(seed, workers=0, processes=False):
+        loader = make_loader(clips, 4, num_workers=workers, seed=seed, processes=processes)
+        return next(iter(loader))["state"]
 
     assert torch.equal(first_batch(1), first_batch(1))
     assert not torch.equal(first_batch(1), first_batch(2))
+    # The order is the seed's, whoever reads: this process, threads or worker processes.
+    assert torch.equal(first_batch(1), first_batch(1, workers=2))
+    assert torch.equal(first_batch(1), first_batch(1, workers=2, processes=True))
 
 
 def test_loader_over_a_replay_buffer(tmp_path):

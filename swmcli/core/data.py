@@ -465,9 +465,8 @@ def make_loader(
     """
     if not isinstance(dataset, ClipDataset):
         num_workers = 0
-    generator = torch.Generator().manual_seed(seed)
     if order is None:
-        clips = ClipSampler(dataset, shuffle, generator)
+        clips = ClipSampler(dataset, shuffle, torch.Generator().manual_seed(seed))
     else:  # an array, or any sized iterable of clip indices (drawn lazily)
         clips = order.tolist() if isinstance(order, np.ndarray) else order
     sampler = BatchSampler(clips, batch_size, drop_last)
@@ -487,6 +486,7 @@ def make_loader(
         num_workers=num_workers,
         collate_fn=collate_clips,
         pin_memory=torch.cuda.is_available(),
-        generator=generator,
+        # Its own generator (workers' base seed): the sampler's order is the same for threads.
+        generator=torch.Generator().manual_seed(seed),
         **workers,
     )
