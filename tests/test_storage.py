@@ -448,3 +448,18 @@ def test_a_uri_swm_does_not_support_is_refused_before_anything_is_written(
     assert "Traceback" not in result.output
     assert list(tmp_path.iterdir()) == []
     assert not Path("/z.lance").exists() and not Path("/tmp/z.lance").exists()
+
+
+def test_hdf5_frames_come_through_the_chunk_index_and_equal_what_was_written(tmp_path):
+    path = tmp_path / "d.h5"
+    episodes = [make_episode(seed, 7) for seed in range(3)]
+    write(path, episodes, fmt="hdf5")
+    frames = np.concatenate([episode["pixels"] for episode in episodes])
+    rows = np.random.default_rng(0).permutation(len(frames))
+    reader = open_reader(path)
+    try:
+        np.testing.assert_array_equal(reader.read_rows("pixels", rows), frames[rows])
+        chunks = reader._chunks["pixels"]  # one os.pread per frame, no HDF5 call
+        assert chunks is not None and (chunks.offsets >= 0).all()
+    finally:
+        reader.close()
