@@ -242,8 +242,12 @@ class LanceReader:
         piece = max(1, _TAKE_BYTES // (np.dtype(dtype).itemsize * int(np.prod(shape))))
         for start in range(0, len(rows), piece):
             positions = order[start : start + piece]
-            column = self._take(rows[positions], [key]).column(0)
-            out[positions] = self._decode(column, dtype, shape)
+            # Chunk by chunk (a take returns one per fragment it touched): combining them first
+            # would copy every frame once more.
+            done = 0
+            for chunk in self._take(rows[positions], [key]).column(0).chunks:
+                out[positions[done : done + len(chunk)]] = self._decode(chunk, dtype, shape)
+                done += len(chunk)
         return out
 
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
