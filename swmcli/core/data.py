@@ -8,10 +8,12 @@ needs, a whole batch per read (``read_batch``, which ``make_loader`` uses). It a
 plain ``DataLoader(ds, batch_size=...)`` with the default collate: ``__getitems__`` returns one dict
 per clip, read in that same single gather.
 
-Lance is not fork-safe: a process forked after its parent opened a Lance dataset crashes. So the
-parent builds the episode index in a short-lived forked child, never opening Lance itself, and the
-workers (forked, fast to start) each open the dataset lazily. If this process has opened a Lance
-dataset anyway, ``make_loader`` switches to a forkserver context; the user never has to choose.
+``make_loader`` reads with threads of this process (``ThreadLoader``), or with a DataLoader's worker
+processes when asked. Lance is not fork-safe: a process forked after its parent opened a Lance
+dataset crashes. So the parent builds the episode index in a short-lived forked child, never
+opening Lance itself, and worker processes (forked, fast to start) each open the dataset lazily.
+If this process has opened a Lance dataset anyway, ``make_loader`` switches to a forkserver
+context; the user never has to choose.
 """
 
 import hashlib
@@ -382,7 +384,7 @@ def _worker_deaths_named(batches, format: str | None):
             f"a loader worker reading the {format or 'training'} data died: "
             f"{errors.first_line(error)}",
             hint="`swm info --verify DATASET` names damaged episodes; if memory ran out, lower "
-            "--batch-size or --num-workers",
+            "--batch-size or --set data.num_workers=N",
         ) from error
 
 
