@@ -5,10 +5,10 @@
 
 Rows, on the same collected TwoRoom episodes (64x64, clips of history 4 and frameskip 2, batch 64,
 the tworoom-64 model): ``swm train`` streaming from Lance (``--no-in-memory``, the preset's
-DataLoader worker), ``swm train`` from the ReplayBuffer loaded with the same episodes
+one reader), ``swm train`` from the ReplayBuffer loaded with the same episodes
 (``--in-memory``), and the trainer's ceiling: the same optimizer step on one constant batch, no
 loader at all. Clips/s of training are the steady state (the first step, which also starts the
-workers, is timed apart), and each row says what share of the ceiling it reaches. The first two
+reader, is timed apart), and each row says what share of the ceiling it reaches. The first two
 rows also check that both sources gave the same losses. A fourth row trains online, collecting
 and recording episodes in the trainer's process (``--online --record``, the tworoom-64 preset's
 updates per row): its share of the ceiling is what one process costs the trainer.
