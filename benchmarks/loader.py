@@ -97,7 +97,7 @@ def fill_buffer(args) -> ReplayBuffer:
     return buffer
 
 
-def stream(open_source, batches: int, processes: bool) -> dict:
+def stream(open_source, batches: int, processes: bool = False) -> dict:
     """Time the first batch (from opening the source), then ``batches`` after the warm-up."""
     start = time.perf_counter()
     loader = make_loader(

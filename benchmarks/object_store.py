@@ -5,11 +5,11 @@
     AWS_ENDPOINT_URL=... python3 benchmarks/object_store.py --uri s3://bucket/prefix  # your store
 
 Same episodes (``make_episode`` of ``../shared/bench/synth.py``, as benchmarks/loader.py), same
-loader for both rows (``load_dataset`` + ``make_loader``: batch 64, 2 workers, history 4,
+loader for both rows (``load_dataset`` + ``make_loader``: batch 64, 2 reader threads, history 4,
 frameskip 2). Prints clips/s after the warm-up batches, the time to the first batch, and the
 object store's rate as a fraction of the local one; checks the first batches are identical.
 Loopback moto measures swm's and Lance's per-request overhead (and moto's own, a Python server on
-the same cores), not a network: a real store adds its latency, which more workers hide.
+the same cores), not a network: a real store adds its latency, which more readers hide.
 """
 
 import argparse
@@ -107,7 +107,7 @@ def run(args, prefix: str, scratch: Path) -> None:
         )
     ratio = rows["object store"]["clips_per_s"] / rows["local"]["clips_per_s"]
     local, remote = firsts["local"], firsts["object store"]
-    same = all(np.array_equal(local[k].numpy(), remote[k].numpy(), equal_nan=True) for k in local)
+    same = all(np.array_equal(local[k], remote[k], equal_nan=True) for k in local)
     print(f"object store / local clips/s: {ratio:.2f}; first batches identical: {same}")
 
 

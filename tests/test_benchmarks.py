@@ -1,0 +1,45 @@
+"""The benchmarks the README quotes still run, at a toy size (their figures are the README's)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_DIR = ROOT.parent / "shared" / "bench"
+needs_synth = pytest.mark.skipif(
+    not (BENCH_DIR / "synth.py").is_file(), reason=f"no shared episodes at {BENCH_DIR}"
+)
+
+
+def _run(script: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+@needs_synth
+def test_loader_benchmark_runs_every_row(tmp_path):
+    out = _run(
+        "loader.py", "--episodes", "12", "--length", "40", "--resolution", "32", "--batches", "3",
+        "--repeats", "1", "--dir", str(tmp_path), "--bench-dir", str(BENCH_DIR),
+    )  # fmt: skip
+    for row in ("lance ", "hdf5 ", "lance, processes", "hdf5, processes", "buffer"):
+        assert row in out
+    assert "first batches identical across every row: True" in out
+
+
+@needs_synth
+def test_object_store_benchmark_runs_against_moto():
+    pytest.importorskip("moto")
+    out = _run(
+        "object_store.py", "--steps", "480", "--episode-len", "40", "--resolution", "32",
+        "--batches", "3", "--bench-dir", str(BENCH_DIR),
+    )  # fmt: skip
+    assert "first batches identical: True" in out
