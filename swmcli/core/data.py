@@ -40,7 +40,7 @@ from swmcli.core.clips import (
     fold_actions,
     observation_rows,
 )
-from swmcli.core.memory import available_host_bytes
+from swmcli.core.memory import available_host_bytes, keep_freed_memory
 from swmcli.core.spares import Spares
 from swmcli.core.storage import (
     check_keys,
@@ -106,6 +106,7 @@ class ClipDataset(Dataset):
 
     def _open(self):
         if self._reader is None or self._reader_pid != os.getpid():
+            keep_freed_memory()  # readers free and refault a batch's worth of pages otherwise
             reader = open_reader(self.path)
             if self.format == "folder":  # it maps rows to files through the index: no rescan
                 reader.set_episode_lengths(self.episode_lengths)
@@ -429,20 +430,24 @@ class ThreadLoader:
         with ThreadPoolExecutor(self.num_workers, thread_name_prefix="swm-reader") as pool:
             try:
                 for indices in itertools.islice(batches, self.num_workers * self.prefetch_factor):
-                    pending.append(pool.submit(self.dataset.read_batch, indices))
+                    pending.append(pool.submit(self._batch, indices))
                 while pending:
-                    arrays = pending.popleft().result()
+                    batch = pending.popleft().result()
                     following = next(batches, None)
                     if following is not None:
-                        pending.append(pool.submit(self.dataset.read_batch, following))
-                    batch = collate_clips(arrays)
-                    del arrays
-                    if self.pin_memory:
-                        batch = {key: value.pin_memory() for key, value in batch.items()}
+                        pending.append(pool.submit(self._batch, following))
                     yield batch
             finally:
                 for future in pending:
                     future.cancel()
+
+    def _batch(self, indices) -> dict[str, torch.Tensor]:
+        """One batch as tensors, pinned where CUDA exists (in the reader thread, as a
+        DataLoader's pin-memory thread would, so the trainer's thread never waits for it)."""
+        batch = collate_clips(self.dataset.read_batch(indices))
+        if self.pin_memory:
+            batch = {key: value.pin_memory() for key, value in batch.items()}
+        return batch
 
 
 def make_loader(

@@ -7,6 +7,7 @@ Linux allows it) and the peak of live tensor bytes seen by a torch dispatch mode
 What a step *will* use is predicted in ``core/tracing.py``.
 """
 
+import ctypes
 import os
 import resource
 import sys
@@ -58,6 +59,37 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+# glibc's mallopt parameters (malloc.h) and what reading streams sets them to.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+KEEP_FREED_BELOW = 64 * 2**20
+KEEP_FREED_TOP = 128 * 2**20
+_keeping_freed = False
+
+
+def keep_freed_memory() -> bool:
+    """Let this process reuse the memory a reader frees instead of handing it to the kernel.
+
+    Lance decodes every take into fresh buffers of a few MiB and frees them; glibc serves such
+    sizes with ``mmap`` and gives them back at once, so each batch faults its pages in again
+    (about 6,400 page faults and a third of the reading time per batch of 256 frames at 224x224,
+    measured here). Serving blocks under ``KEEP_FREED_BELOW`` from the heap and trimming it only
+    above ``KEEP_FREED_TOP`` of free memory removes those faults; the cost is that up to that much
+    freed memory stays mapped to this process for its next use. Once per process; False where
+    the C library is not glibc (nothing changes there).
+    """
+    global _keeping_freed
+    if not _keeping_freed:
+        try:
+            libc = ctypes.CDLL(None)
+            libc.gnu_get_libc_version  # noqa: B018 - only glibc has it (and these parameters)
+        except (OSError, AttributeError):
+            return False
+        libc.mallopt(_M_MMAP_THRESHOLD, KEEP_FREED_BELOW)
+        libc.mallopt(_M_TRIM_THRESHOLD, KEEP_FREED_TOP)
+        _keeping_freed = True
+    return True
 
 
 def cuda_status() -> str:
