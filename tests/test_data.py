@@ -354,3 +354,38 @@ def test_reader_threads_raise_the_readers_error_and_stop(tmp_path):
     next(abandoned)
     abandoned.close()  # what leaving a for loop early does to it
     assert threading.active_count() == before
+
+
+FREED_BLOCKS = """
+import ctypes, resource, sys
+from swmcli.core.memory import keep_freed_memory
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(20):  # a reader's buffer: allocated, filled, freed
+    block = libc.malloc(40 * 2**20)
+    ctypes.memset(block, 1, 40 * 2**20)
+    libc.free(block)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
+    reason="glibc's malloc parameters",
+)
+def test_a_streaming_process_reuses_freed_memory_instead_of_faulting_it_in_again():
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def faults(mode: str) -> int:
+        command = [sys.executable, "-c", FREED_BLOCKS, mode]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout)
+
+    pages = 40 * 2**20 // os.sysconf("SC_PAGE_SIZE")
+    assert faults("default") > 10 * pages  # glibc maps and unmaps every block: faults each time
+    assert faults("keep") < 2 * pages  # the first block's pages, then reused

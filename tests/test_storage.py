@@ -144,18 +144,58 @@ def test_format_from_suffix_then_existing_then_lance(tmp_path):
 
 
 def test_lance_is_readable_without_swm(tmp_path):
+    """The README's recipe: plain lance and pyarrow, the frame's shape from the swm metadata."""
+    import json
+
     import lance
     import lancedb
+    import pyarrow as pa
 
     path = tmp_path / "db" / "episodes.lance"
     episodes = [make_episode(seed, 5) for seed in range(3)]
     write(path, episodes)
-    table = lance.dataset(str(path)).to_table()
+    dataset = lance.dataset(str(path))
+    table = dataset.to_table()
     assert table.num_rows == 15
     assert table.column("episode_idx").to_pylist() == [0] * 5 + [1] * 5 + [2] * 5
-    frame = np.frombuffer(table.column("pixels")[7].as_py(), np.uint8).reshape(32, 32, 3)
+    dtype, shape = json.loads(dataset.schema.metadata[b"swm"])["keys"]["pixels"]
+    assert dataset.schema.field("pixels").metadata[b"swm:codec"] == b"lz4-frame"
+    value = table.column("pixels")[7].as_py()
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    frame = np.frombuffer(pa.Codec("lz4").decompress(value, size), dtype).reshape(shape)
     assert np.array_equal(frame, episodes[1]["pixels"][2])
+    assert value[:4] == bytes.fromhex("04224d18")  # the LZ4 frame format's magic number
     assert lancedb.connect(tmp_path / "db").open_table("episodes").count_rows() == 15
+
+
+def test_lance_frames_of_older_datasets_read_and_append_as_they_are(tmp_path, monkeypatch):
+    """Datasets written before LZ4 frames hold raw frames in a Lance-zstd column."""
+    import lance
+    import pyarrow as pa
+
+    from swmcli.core.storage import lance as lance_store
+
+    def zstd_schema(schema, metadata):
+        arrow = new_schema(schema, metadata)
+        old = pa.field("pixels", pa.large_binary(), metadata={"lance-encoding:compression": "zstd"})
+        return arrow.set(arrow.get_field_index("pixels"), old)
+
+    new_schema = lance_store._arrow_schema
+    path = tmp_path / "old.lance"
+    episodes = [make_episode(seed, 4) for seed in range(3)]
+    monkeypatch.setattr(lance_store, "_arrow_schema", zstd_schema)
+    write(path, episodes[:2])
+    monkeypatch.undo()
+    write(path, episodes[2:])  # appended by today's writer: still raw frames
+    assert b"swm:codec" not in (lance.dataset(str(path)).schema.field("pixels").metadata or {})
+    frame = lance.dataset(str(path)).take([9], columns=["pixels"]).column(0)[0].as_py()
+    assert frame == episodes[2]["pixels"][1].tobytes()
+    reader = open_reader(path)
+    for index, episode in enumerate(episodes):
+        assert_same_episode(reader.read_episode(index), episode)
+    rows = np.array([9, 0, 5, 9])
+    want = np.concatenate([e["pixels"] for e in episodes])[rows]
+    np.testing.assert_array_equal(reader.read_rows("pixels", rows), want)
 
 
 def test_lance_compacts_small_appends(tmp_path):

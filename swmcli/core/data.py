@@ -21,6 +21,7 @@ import itertools
 import multiprocessing
 import os
 import signal
+import threading
 import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -45,6 +46,7 @@ from swmcli.core.spares import Spares
 from swmcli.core.storage import (
     check_keys,
     detect,
+    is_image,
     location,
     offsets_from_lengths,
     open_reader,
@@ -86,6 +88,7 @@ class ClipDataset(Dataset):
             )
         self._reader = None
         self._reader_pid = None
+        self._opening = threading.Lock()
         self.spares = Spares()
 
     @property
@@ -98,22 +101,25 @@ class ClipDataset(Dataset):
 
     def __getstate__(self) -> dict:
         # Workers get the index, never an open file: each opens its own after the fork/spawn.
-        return {**self.__dict__, "_reader": None, "_reader_pid": None, "spares": None}
+        unpicklable = {"_reader": None, "_reader_pid": None, "_opening": None, "spares": None}
+        return {**self.__dict__, **unpicklable}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._opening = threading.Lock()
         self.spares = Spares()
 
     def _open(self):
-        if self._reader is None or self._reader_pid != os.getpid():
-            keep_freed_memory()  # readers free and refault a batch's worth of pages otherwise
-            reader = open_reader(self.path)
-            if self.format == "folder":  # it maps rows to files through the index: no rescan
-                reader.set_episode_lengths(self.episode_lengths)
-            else:  # a dataset well inside the free RAM: its first epoch reads from the cache
-                read_ahead(self.path, available_host_bytes() // 8)
-            self._reader, self._reader_pid = reader, os.getpid()
-        return self._reader
+        with self._opening:  # reader threads start together: one opens, the others wait for it
+            if self._reader is None or self._reader_pid != os.getpid():
+                keep_freed_memory()  # readers free and refault a batch's worth of pages otherwise
+                reader = open_reader(self.path)
+                if self.format == "folder":  # it maps rows to files through the index: no rescan
+                    reader.set_episode_lengths(self.episode_lengths)
+                else:  # a dataset well inside the free RAM: its first epoch reads from the cache
+                    read_ahead(self.path, available_host_bytes() // 8)
+                self._reader, self._reader_pid = reader, os.getpid()
+            return self._reader
 
     def read_batch(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
         """A whole batch of clips, one read per key: ``{key: (len(indices), history_len, ...)}``."""
@@ -123,21 +129,26 @@ class ClipDataset(Dataset):
             raise OutOfRangeError(f"clip index out of range: the dataset holds {total} clips")
         reader = self._open()
         starts = self._starts[indices]
-        observed = observation_rows(starts, self.history_len, self.frameskip).reshape(-1)
         clips = {}
+        small = [key for key, (_, shape) in self.keys.items() if not is_image(shape)]
+        if small:  # one read for all of them, at the dense rows (observations: every frameskip-th)
+            dense = action_rows(starts, self.history_len, self.frameskip)
+            values = reader.read_columns(small, dense.reshape(-1))
+            for key in small:
+                shape = self.keys[key][1]
+                if key == ACTION:
+                    flat = values[key].reshape(len(starts), -1, int(np.prod(shape)))
+                    clips[key] = fold_actions(flat, self.history_len)
+                else:
+                    value = values[key].reshape(*dense.shape, *shape)
+                    clips[key] = np.ascontiguousarray(value[:, :: self.frameskip])
+        observed = observation_rows(starts, self.history_len, self.frameskip).reshape(-1)
         for key, (dtype, shape) in self.keys.items():
-            if key == ACTION:
-                rows = action_rows(starts, self.history_len, self.frameskip).reshape(-1)
-                out = self._output(key, (len(rows), *shape), dtype)
-                dense = reader.read_rows(key, rows, out=out)
-                clips[key] = fold_actions(
-                    dense.reshape(len(starts), -1, int(np.prod(shape))), self.history_len
-                )
-            else:
+            if key not in clips:
                 out = self._output(key, (len(observed), *shape), dtype)
                 values = reader.read_rows(key, observed, out=out)
                 clips[key] = values.reshape(len(starts), self.history_len, *shape)
-        return clips
+        return {key: clips[key] for key in self.keys}
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Clips ``indices`` as one dict each (what the default collate expects), read in one

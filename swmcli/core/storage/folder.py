@@ -185,6 +185,10 @@ class FolderReader:
                 out[position] = self._episode_arrays(episode)[key][step]
         return out
 
+    def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows ``rows`` of several keys (one ``read_rows`` each)."""
+        return {key: self.read_rows(key, rows) for key in keys}
+
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         """Episode ``index`` as ``{key: (length, ...)}`` (all keys unless ``keys`` is given)."""
         keys = check_keys(self.keys, keys, self.path)

@@ -232,6 +232,10 @@ class Hdf5Reader:
             self._guard(lambda: _read_by_chunk(dataset, rows, out))
         return out
 
+    def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows ``rows`` of several keys (one ``read_rows`` each)."""
+        return {key: self.read_rows(key, rows) for key in keys}
+
     def _frame_chunks(self, key: str, dataset) -> "_FrameChunks | None":
         """``key``'s chunk index, built on its first read (once, whichever thread asks)."""
         with self._chunks_lock:
