@@ -198,6 +198,18 @@ def test_lance_frames_of_older_datasets_read_and_append_as_they_are(tmp_path, mo
     np.testing.assert_array_equal(reader.read_rows("pixels", rows), want)
 
 
+def test_lance_frames_in_a_codec_this_swm_does_not_know_are_refused_at_open(tmp_path, monkeypatch):
+    from swmcli.core.storage import lance as lance_store
+
+    path = tmp_path / "new.lance"
+    monkeypatch.setattr(lance_store, "LZ4_FRAME", "brotli-frame")  # as a newer swm might write
+    write(path, [make_episode(0, 3)])
+    monkeypatch.undo()
+    with pytest.raises(DatasetError, match=r"codec this swm does not read.*brotli-frame") as caught:
+        open_reader(path)
+    assert "upgrade" in caught.value.hint
+
+
 def test_lance_compacts_small_appends(tmp_path):
     import lance
 

@@ -111,6 +111,17 @@ def read_head(location: Location, size: int) -> bytes:
         return handle.read(size)
 
 
+def read_tail(location: Location, size: int) -> tuple[bytes, int]:
+    """The last ``size`` bytes of a file (all of it if shorter), and the file's size."""
+    if is_remote(location):
+        total = filesystem().size(location)
+        return filesystem().cat_file(location, start=max(total - size, 0)), total
+    with location.open("rb") as handle:
+        total = handle.seek(0, os.SEEK_END)
+        handle.seek(max(total - size, 0))
+        return handle.read(), total
+
+
 def resolve(location: Location) -> Location:
     """An absolute location (a URI already is one)."""
     return location if is_remote(location) else location.resolve()
