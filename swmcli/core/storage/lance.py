@@ -233,13 +233,16 @@ class LanceReader:
         """Refuse at open, not mid-training, a dataset whose manifest names a missing file or a
         file whose footer is damaged."""
         present = _data_files(self.path)
+        used = {}
         for fragment in self._dataset.get_fragments():
             for data_file in fragment.data_files():
                 if data_file.path not in present:
                     raise DatasetError(
                         f"{self.path} is missing its data file {data_file.path}", _DAMAGED_HINT
                     )
-                _check_footer(loc.join(self.path, "data", data_file.path))
+                used[loc.join(self.path, "data", data_file.path)] = present[data_file.path]
+        for data_file, tail in loc.read_tails(used, _FOOTER.size).items():
+            _check_footer(data_file, tail, used[data_file])
 
     @property
     def index_token(self) -> str:
@@ -373,16 +376,18 @@ def _open_dataset(path: Location):
     return lance.dataset(_uri(path), storage_options=loc.lance_storage_options(path))
 
 
-def _data_files(path: Location) -> set[str]:
-    """Names of the files under ``path/data`` (one listing, local or on object storage)."""
+def _data_files(path: Location) -> dict[str, int]:
+    """Name -> size of the files under ``path/data`` (one listing, local or on object storage)."""
     data = loc.join(path, "data")
     if loc.is_remote(path):
-        return {key.rsplit("/", 1)[-1] for key in loc.filesystem().find(data)}
-    return {p.name for p in data.iterdir()} if data.is_dir() else set()
+        found = loc.filesystem().find(data, detail=True)
+        return {key.rsplit("/", 1)[-1]: info["size"] for key, info in found.items()}
+    return {p.name: p.stat().st_size for p in data.iterdir()} if data.is_dir() else {}
 
 
-def _check_footer(data_file: Location) -> None:
-    """Refuse a data file whose footer points outside the file.
+def _check_footer(data_file: Location, tail: bytes, size: int) -> None:
+    """Refuse a data file of ``size`` bytes whose footer (``tail``, its last bytes) points
+    outside the file.
 
     A Lance file (format 2.x) ends in a 40-byte footer: the starts of the column metadata, of
     its offsets table and of the global buffers' offsets table (u64 each), the number of global
@@ -391,7 +396,6 @@ def _check_footer(data_file: Location) -> None:
     process on a 68 GB allocation, where this is one error. Older (0.1) files end differently
     and are left to Lance.
     """
-    tail, size = loc.read_tail(data_file, _FOOTER.size)
     fits = len(tail) == _FOOTER.size
     if fits:
         meta, meta_offsets, buffer_offsets, buffers, columns, major, minor, magic = _FOOTER.unpack(

@@ -111,15 +111,22 @@ def read_head(location: Location, size: int) -> bytes:
         return handle.read(size)
 
 
-def read_tail(location: Location, size: int) -> tuple[bytes, int]:
-    """The last ``size`` bytes of a file (all of it if shorter), and the file's size."""
-    if is_remote(location):
-        total = filesystem().size(location)
-        return filesystem().cat_file(location, start=max(total - size, 0)), total
-    with location.open("rb") as handle:
-        total = handle.seek(0, os.SEEK_END)
-        handle.seek(max(total - size, 0))
-        return handle.read(), total
+def read_tails(files: dict[Location, int], size: int) -> dict[Location, bytes]:
+    """The last ``size`` bytes of each file (all of a shorter one), given ``{file: its size}``;
+    on object storage the reads go out together."""
+    starts = {file: max(total - size, 0) for file, total in files.items()}
+    if files and is_remote(next(iter(files))):
+        paths = list(files)
+        tails = filesystem().cat_ranges(
+            paths, [starts[p] for p in paths], [files[p] for p in paths], on_error="raise"
+        )
+        return dict(zip(paths, tails, strict=True))
+    tails = {}
+    for file, start in starts.items():
+        with file.open("rb") as handle:
+            handle.seek(start)
+            tails[file] = handle.read()
+    return tails
 
 
 def resolve(location: Location) -> Location:
