@@ -75,7 +75,7 @@ def test_round_trip_is_bit_exact(tmp_path, fmt):
     assert reader.keys["pixels"] == (np.dtype(np.uint8), (32, 32, 3))
     assert reader.metadata["env_id"] == "swm/TwoRoom-v0"
     assert reader.metadata["resolution"] == [32, 32]
-    assert reader.metadata["format_version"] == 1
+    assert reader.metadata["format_version"] == 2 and reader.metadata_sealed
     assert {"pixel_encoding", "swm_version", "action_dim"} <= set(reader.metadata)
     for index, episode in enumerate(episodes):
         assert_same_episode(reader.read_episode(index), episode)

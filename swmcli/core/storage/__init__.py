@@ -24,14 +24,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from swmcli.core.storage import location as loc
-from swmcli.core.storage.checksums import CHECKSUM_COLUMN
+from swmcli.core.storage.checksums import CHECKSUM_COLUMN, seal_metadata, unseal_metadata
 from swmcli.core.storage.location import Location, as_location
 from swmcli.core.storage.location import nbytes_under as nbytes_under
-from swmcli.errors import DatasetError, MissingKeyError, MissingPathError, UsageError
+from swmcli.errors import DatasetError, MissingKeyError, MissingPathError, UsageError, first_line
 
 FORMATS = ("lance", "hdf5", "folder")
 MODES = ("append", "overwrite", "error")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the metadata carries a checksum per field (see checksums.py)
 # Bookkeeping columns every format stores; not episode keys.
 INDEX_COLUMNS = ("episode_idx", "step_idx")
 _SUFFIXES = {".lance": "lance", ".h5": "hdf5", ".hdf5": "hdf5"}
@@ -348,7 +348,43 @@ def build_metadata(user: Mapping[str, Any], schema: Schema, pixel_encoding: str)
         swm_version=swmcli.__version__,
         keys=schema_to_json(schema),
     )
-    return meta
+    return seal_metadata(meta)
+
+
+def read_metadata(raw: str | bytes, where) -> tuple[dict, Schema, bool]:
+    """Dataset metadata stored as JSON text: ``(metadata, schema, sealed)``, its checksums
+    checked (``sealed`` is False for a dataset written before metadata checksums); a
+    DatasetError naming the damage otherwise."""
+    metadata, sealed = unseal_metadata(raw, where)
+    try:
+        schema = schema_from_json(metadata["keys"])
+        shapes = [shape for _, shape in schema.values()]
+        if not schema or any(len(shape) > 8 or min(shape, default=1) < 1 for shape in shapes):
+            raise ValueError("an empty schema or an impossible shape")
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise DatasetError(
+            f"{where}: its schema (metadata keys) is damaged: {first_line(error)}",
+            hint="restore the dataset, or collect again",
+        ) from None
+    return metadata, schema, sealed
+
+
+def check_stored_schema(where, stored: Mapping[str, tuple], schema: Schema) -> None:
+    """Refuse a dataset whose stored columns (``{key: (dtype, row shape)}`` as the file holds
+    them) disagree with the schema its metadata gives: the rows would be reinterpreted."""
+    for key, (dtype, shape) in schema.items():
+        if key not in stored:
+            raise DatasetError(f"{where}: column {key} is missing", _STORED_HINT)
+        got_dtype, got_shape = stored[key]
+        if (got_dtype is not None and np.dtype(got_dtype) != dtype) or tuple(got_shape) != shape:
+            raise DatasetError(
+                f"{where}: column {key} holds {got_dtype} {tuple(got_shape)}, its schema says "
+                f"{np.dtype(dtype).name} {shape}",
+                _STORED_HINT,
+            )
+
+
+_STORED_HINT = "the dataset is damaged (schema and data disagree): restore it or collect again"
 
 
 def check_metadata(existing: Mapping[str, Any], user: Mapping[str, Any], where: Path) -> None:
