@@ -107,6 +107,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "updates_per_step": "online.updates_per_step",
         "warmup_steps": "online.warmup_steps",
         "record": "online.record",
+        "skip_damaged": "data.skip_damaged",
         "nproc": "runtime.nproc",
     },
     "eval": {
@@ -341,16 +342,21 @@ def convert(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="replace DST if it exists")
     ] = False,
+    skip_damaged: Annotated[
+        bool, typer.Option("--skip-damaged", help="leave out episodes that fail their checksum")
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Convert a dataset between formats: streamed, verified by checksums, renamed into place."""
-    key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
+    key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys is not None else None
 
     def job(_cfg, monitor):
         from swmcli.convert import run_convert
 
         with monitor.phase("convert"):
-            return run_convert(src, dst, to=to, keys=key_list, overwrite=overwrite)
+            return run_convert(
+                src, dst, to=to, keys=key_list, overwrite=overwrite, skip_damaged=skip_damaged
+            )
 
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
 
@@ -455,11 +461,15 @@ def train(
         int | None, typer.Option(help="env steps collected before the first optimizer step")
     ] = None,
     record: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            help="append every finished episode to this dataset; --resume refills the "
-            "buffer from it"
+            help="append every finished episode to this dataset (path or s3:// URI); --resume "
+            "refills the buffer from it"
         ),
+    ] = None,
+    skip_damaged: Annotated[
+        bool | None,
+        typer.Option("--skip-damaged", help="skip episodes that fail their checksum, counted"),
     ] = None,
     nproc: Nproc = None,
     preset: Preset = None,

@@ -105,6 +105,11 @@ class DataConfig(Section):
     cache_dir: Path | None = Field(
         None, description="keep the episode index here so reopening does not rescan"
     )
+    skip_damaged: bool = Field(
+        False,
+        description="skip episodes whose rows fail their checksum (named in a warning, "
+        "counted in the report) instead of stopping at the first",
+    )
     in_memory: bool | None = Field(
         None,
         description="train from a ReplayBuffer loaded with the training episodes "
@@ -209,7 +214,7 @@ class OnlineConfig(Section):
     warmup_steps: int = Field(
         1000, ge=0, description="env steps collected before the first optimizer step"
     )
-    record: Path | None = Field(
+    record: DatasetPath | None = Field(
         None,
         description="append every finished episode to this dataset; --resume refills the "
         "buffer from it",

@@ -7,7 +7,7 @@ The copy itself (streamed, verified by checksums, renamed into place) is
 import time
 from pathlib import Path
 
-from swmcli.report import CommandResult, Table, progress
+from swmcli.report import CommandResult, Table, progress, warn
 
 
 def run_convert(
@@ -16,6 +16,7 @@ def run_convert(
     to: str | None = None,
     keys: list[str] | None = None,
     overwrite: bool = False,
+    skip_damaged: bool = False,
 ) -> CommandResult:
     """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given, with a progress bar; the result names both sizes.
@@ -25,7 +26,13 @@ def run_convert(
     started = time.perf_counter()
     with progress("convert", total=_episode_count(src)) as advance:
         copied = copy_dataset(
-            src, dst, to=to, keys=keys, overwrite=overwrite, on_episode=lambda *_: advance(1)
+            src,
+            dst,
+            to=to,
+            keys=keys,
+            overwrite=overwrite,
+            on_episode=lambda *_: advance(1),
+            skip_damaged=skip_damaged,
         )
     fields = {
         "src": str(copied.src),
@@ -36,9 +43,14 @@ def run_convert(
         "src_size_bytes": copied.src_size_bytes,
         "dst_size_bytes": copied.dst_size_bytes,
         "verified": True,
+        "skipped_damaged_episodes": len(copied.skipped),
         "seconds": round(time.perf_counter() - started, 2),
     }
-    return CommandResult(title="swm convert", fields=fields)
+    warnings = []
+    if copied.skipped:
+        shown = "; ".join(f"episode {e}: {why}" for e, why in list(copied.skipped.items())[:5])
+        warnings.append(warn(f"left out {len(copied.skipped)} damaged episodes: {shown}"))
+    return CommandResult(title="swm convert", fields=fields, warnings=warnings)
 
 
 def _episode_count(path: str | Path) -> int:

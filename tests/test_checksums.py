@@ -55,57 +55,75 @@ def test_verify_names_the_damaged_episode_and_convert_refuses_it(tmp_path):
     assert not (tmp_path / "copy.lance").exists()
 
 
-def _flip_targets(tmp_path: Path, fmt: str) -> tuple[Path, list[tuple[str, int]]]:
-    """A small dataset of ``fmt`` and the files (relative) whose bytes the sweep flips."""
+def _small_dataset(tmp_path: Path, fmt: str) -> Path:
     path = tmp_path / {"lance": "d.lance", "hdf5": "d.h5", "folder": "d"}[fmt]
     write(path, [make_episode(seed, 6, resolution=8) for seed in range(4)], fmt=fmt)
-    if fmt == "lance":
-        files = [str(p.relative_to(path)) for p in (path / "data").glob("*.lance")]
-    elif fmt == "hdf5":
-        files = ["."]
-    else:
-        files = ["episode_000002/arrays.npz", "episode_000001/pixels/000003.png"]
-    return path, files
+    return path
 
 
-def _sweep(path: Path, relative: str, work: Path, offsets: list[int]) -> dict[int, str]:
-    """``tests/flip_sweep.py`` in a child: ``{offset: outcome}``."""
+def sweep_targets(path: Path, per_file: int, per_metadata: int) -> list[str]:
+    """``FILE:OFFSET`` flips over EVERY file of the dataset at ``path``: ``per_file`` offsets
+    spread over each file, and ``per_metadata`` more over the swm metadata's JSON wherever a
+    file holds it (a Lance manifest, the HDF5 file's attribute, the folder's swm_folder.json)."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    targets = []
+    for file in files:
+        data = file.read_bytes()
+        relative = "." if file == path else str(file.relative_to(path))
+        offsets = {int(len(data) * i / per_file) for i in range(per_file)} if data else set()
+        start = data.find(b'{"env_id"')
+        if start < 0:
+            start = data.find(b'{\n  "env_id"')
+        if start >= 0:
+            seal = data.find(b"}", data.find(b"field_crc32", start))  # the seal closes last
+            stop = data.find(b"}", seal + 1) + 1
+            offsets |= {start + (stop - start) * i // per_metadata for i in range(per_metadata)}
+        targets += [f"{relative}:{offset}" for offset in sorted(offsets)]
+    return targets
+
+
+def _sweep(path: Path, work: Path, targets: list[str]) -> dict[str, str]:
+    """``tests/flip_sweep.py`` in a child: ``{FILE:OFFSET: outcome}``."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
-    work.mkdir(exist_ok=True)
     done = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "flip_sweep.py"), str(path), relative, str(work),
-         *map(str, offsets)],
+        [sys.executable, str(REPO / "tests" / "flip_sweep.py"), str(path), str(work), *targets],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     # A hang fails by the timeout; an abort or a traceback by the return code.
     assert done.returncode == 0, done.stderr[-2000:]
-    results = {int(o): r for o, r in (line.split(" ", 1) for line in done.stdout.splitlines())}
-    assert sorted(results) == offsets
+    results = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert sorted(results) == sorted(targets)
     return results
 
 
+# Offsets per file and over the metadata: every file of the dataset is flipped somewhere.
+_SWEEP = {"lance": (12, 24), "hdf5": (40, 24), "folder": (2, 16)}
+
+
 @pytest.mark.parametrize("fmt", ["lance", "hdf5", "folder"])
-def test_one_byte_flips_end_in_a_clean_error_or_intact_data(tmp_path, fmt):
-    path, files = _flip_targets(tmp_path, fmt)
-    for relative in files:
-        size = (path / relative).stat().st_size if relative != "." else path.stat().st_size
-        offsets = sorted({int(size * i / 40) + 5 for i in range(40)} - {size + 5})
-        offsets = [o for o in offsets if o < size]
-        results = _sweep(path, relative, tmp_path / "work", offsets)
-        assert not [o for o, r in results.items() if r.startswith("SILENT")], results
-        # Most flips land in data and are caught, not ignored.
-        assert sum(r.startswith("error") for r in results.values()) > len(offsets) // 3
+def test_one_byte_flips_in_every_file_end_in_a_clean_error_or_intact_data(tmp_path, fmt):
+    path = _small_dataset(tmp_path, fmt)
+    targets = sweep_targets(path, *_SWEEP[fmt])
+    results = _sweep(path, tmp_path / "work", targets)
+    # 0 silent changes (data, schema or metadata differing after a command that passed),
+    # 0 tracebacks and 0 hangs (the child's exit code and timeout).
+    assert not [t for t, r in results.items() if r.startswith("SILENT")], results
+    # Most flips land in data or metadata and are caught, not ignored.
+    assert sum(r.startswith("error") for r in results.values()) > len(targets) // 3
+    # Flips in the metadata's JSON are caught as damaged metadata, not as a bug.
+    assert any("metadata" in r for r in results.values()), results
 
 
 def test_flips_in_a_lance_footer_are_one_error_naming_the_file(tmp_path):
-    path, (relative,) = _flip_targets(tmp_path, "lance")
-    size = (path / relative).stat().st_size
-    offsets = list(range(size - 40, size))  # the footer: see lance._check_footer
-    results = _sweep(path, relative, tmp_path / "work", offsets)
+    path = _small_dataset(tmp_path, "lance")
+    (data,) = (path / "data").glob("*.lance")
+    relative, size = str(data.relative_to(path)), data.stat().st_size
+    targets = [f"{relative}:{offset}" for offset in range(size - 40, size)]  # lance._check_footer
+    results = _sweep(path, tmp_path / "work", targets)
     assert all(r.startswith(("error", "intact")) for r in results.values()), results
     # The top byte of the number of global buffers: pylance itself aborts on a 68 GB allocation.
-    assert "footer is cut or points outside it" in results[size - 13]
-    assert relative in results[size - 13]
+    assert "footer is cut or points outside it" in results[f"{relative}:{size - 13}"]
+    assert relative in results[f"{relative}:{size - 13}"]
 
 
 class _AbortsInWorkers(ClipDataset):

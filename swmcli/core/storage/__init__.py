@@ -174,7 +174,7 @@ class LockedWriter:
 
     def __init__(self, writer: Writer, lock):
         self._writer, self._lock = writer, lock
-        self._path = Path(writer.path)
+        self.path = self._path = Path(writer.path)
         self.format = writer.format
 
     @property
@@ -238,8 +238,11 @@ def _open_unlocked(path: Location, format: str | None, mode: str, metadata) -> W
 FREE_SPACE_MARGIN_BYTES = 64 * 2**20
 
 
-def check_free_space(path: Path, episode_bytes: int) -> None:
-    """Refuse a write the disk holding ``path`` has no room for (one clear error, exit 1)."""
+def check_free_space(
+    path: Path, episode_bytes: int, where: Location | None = None, hint: str | None = None
+) -> None:
+    """Refuse a write the disk holding ``path`` has no room for (one clear error, exit 1,
+    naming ``where`` if given, else ``path``; ``hint`` says what became of what was written)."""
     from swmcli.units import format_bytes
 
     existing = path if path.exists() else path.parent
@@ -247,27 +250,46 @@ def check_free_space(path: Path, episode_bytes: int) -> None:
     needed = 2 * episode_bytes + FREE_SPACE_MARGIN_BYTES
     if free < needed:
         raise DatasetError(
-            f"only {format_bytes(free)} free on the disk of {path}; writing the next episode "
-            f"needs about {format_bytes(needed)}",
-            hint="free some disk space or write to another disk (--out); "
-            "every finished episode is kept",
+            f"only {format_bytes(free)} free on the disk of {where or path}; writing the next "
+            f"episode needs about {format_bytes(needed)}",
+            hint=hint
+            or "free some disk space or write to another disk (--out); every finished episode "
+            "is kept",
         )
 
 
 def _holds_no_episode(path: Path) -> bool:
-    """True for an empty file or directory tree, or a Lance directory with no commit (what a first
-    write that failed leaves behind): nothing there to keep. Called under the writer lock."""
+    """True only for nothing at all or for what swm itself leaves when a first write fails: an
+    empty directory or ``.h5``/``.hdf5`` file; a Lance directory with no commit (``data/*.lance``,
+    ``_transactions/*.txn``, the readers' lock); a folder dataset's uncommitted parts (its
+    staging directories and metadata, empty episode directories). A user's files (a
+    ``.gitkeep``, empty notes) are never taken for leftovers. Called under the writer lock."""
     if path.is_file():
-        return path.stat().st_size == 0
+        return path.stat().st_size == 0 and path.suffix.lower() in (".h5", ".hdf5")
     if not path.is_dir():
         return False
-    if not any(p.is_file() and p.stat().st_size for p in path.rglob("*")):
-        return True
-    return not (path / "_versions").exists() and {p.name for p in path.iterdir()} <= {
-        "data",
-        "_transactions",
-        "_swm_readers.lock",
-    }
+    entries = list(path.iterdir())
+    lance = {"data": ".lance", "_transactions": ".txn"}
+    return all(_lance_leftover(entry, lance) for entry in entries) or all(
+        _folder_leftover(entry) for entry in entries
+    )
+
+
+def _lance_leftover(entry: Path, suffixes: dict[str, str]) -> bool:
+    if entry.name == "_swm_readers.lock":
+        return entry.is_file()
+    suffix = suffixes.get(entry.name)
+    return (
+        suffix is not None
+        and entry.is_dir()
+        and all(f.is_file() and f.suffix == suffix for f in entry.iterdir())
+    )
+
+
+def _folder_leftover(entry: Path) -> bool:
+    if entry.name.startswith(".tmp_episode_") or entry.name == f".{FOLDER_METADATA}.tmp":
+        return True  # the folder writer's staging: never committed
+    return entry.is_dir() and entry.name.startswith("episode_") and not any(entry.iterdir())
 
 
 def remove_tree(path: Path) -> None:

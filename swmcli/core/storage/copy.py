@@ -16,6 +16,7 @@ import numpy as np
 
 from swmcli.core.storage import (
     WRITER_METADATA,
+    check_free_space,
     check_keys,
     describe_schema,
     detect,
@@ -26,6 +27,7 @@ from swmcli.core.storage import (
 from swmcli.core.storage import location as loc
 from swmcli.core.storage.checksums import check_episode
 from swmcli.core.storage.location import Location, as_location
+from swmcli.core.storage.lock import WriterLock
 from swmcli.errors import DatasetError, UsageError
 
 
@@ -78,20 +80,40 @@ class Copied:
     steps: int
     src_size_bytes: int
     dst_size_bytes: int
+    skipped: dict[int, str]  # damaged episodes left out (with skip_damaged), with why
 
 
-def _copy_episodes(reader, writer, keys: list[str], on_episode) -> dict[str, str]:
-    """Stream every episode from reader to writer; the checksum of each column as it went."""
+def _copy_episodes(reader, writer, keys: list[str], on_episode, skipped, dst) -> dict[str, str]:
+    """Stream every episode from reader to writer; the checksum of each column as it went.
+    A damaged episode stops the copy, or, when ``skipped`` is a dict, is left out and
+    recorded there with why."""
     digests = {key: hashlib.blake2b(digest_size=16) for key in keys}
     for index in range(reader.num_episodes):
-        episode = reader.read_episode(index, keys)
-        check_episode(reader, index, episode)  # the copy's checksums are then the source's
+        try:
+            episode = reader.read_episode(index, keys)
+            check_episode(reader, index, episode)  # the copy's checksums are then the source's
+        except DatasetError as error:
+            if skipped is None:
+                raise
+            skipped[index] = error.message
+            continue
         for key in keys:
             digests[key].update(np.ascontiguousarray(episode[key]).data)
+        if not loc.is_remote(dst):
+            nbytes = sum(v.nbytes for v in episode.values())
+            check_free_space(Path(writer.path), nbytes, where=dst, hint=_DISK_HINT)
         writer.write_episode(episode)
         if on_episode is not None:
             on_episode(index + 1, reader.num_episodes)
+    if skipped is not None and len(skipped) == reader.num_episodes:
+        raise DatasetError(f"every episode of {reader.path} is damaged", hint="restore the dataset")
     return {key: digest.hexdigest() for key, digest in digests.items()}
+
+
+_DISK_HINT = (
+    "free some disk space or convert to another disk; the destination was left as it was "
+    "(the partial copy is removed)"
+)
 
 
 def _column_checksums(reader, keys: list[str]) -> dict[str, str]:
@@ -103,17 +125,21 @@ def _column_checksums(reader, keys: list[str]) -> dict[str, str]:
     return {key: digest.hexdigest() for key, digest in digests.items()}
 
 
-def _verify(source, written_path: Location, keys: list[str], expected: dict[str, str]) -> None:
-    """Counts, episode lengths, schema and every column's checksum must match the source."""
+def _verify(
+    source, written_path: Location, keys: list[str], expected: dict[str, str], skipped
+) -> None:
+    """Counts, episode lengths, schema and every column's checksum must match the source's
+    (less the ``skipped`` episodes)."""
+    lengths = np.delete(source.episode_lengths, list(skipped))
     written = open_reader(written_path)
     try:
         problems = []
-        if written.num_episodes != source.num_episodes or written.num_steps != source.num_steps:
+        if written.num_episodes != len(lengths) or written.num_steps != int(lengths.sum()):
             problems.append(
                 f"{written.num_episodes} episodes / {written.num_steps} steps written, "
-                f"{source.num_episodes} / {source.num_steps} read"
+                f"{len(lengths)} / {int(lengths.sum())} read"
             )
-        elif not np.array_equal(written.episode_lengths, source.episode_lengths):
+        elif not np.array_equal(written.episode_lengths, lengths):
             problems.append("episode lengths differ")
         wanted = {k: source.keys[k] for k in keys}
         if written.keys != wanted:
@@ -151,41 +177,58 @@ def copy_dataset(
     keys: list[str] | None = None,
     overwrite: bool = False,
     on_episode: Callable[[int, int], None] | None = None,
+    skip_damaged: bool = False,
 ) -> Copied:
     """Copy the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given. Streams, verifies, renames into place at the end;
-    ``on_episode(done, total)`` is called after each episode is written.
+    ``on_episode(done, total)`` is called after each episode is written. ``dst`` is held under
+    its writer lock throughout (a dataset another process writes is refused, never replaced);
+    ``skip_damaged`` leaves out episodes that fail their checksum instead of stopping.
     """
     src, dst = as_location(src), as_location(dst)
+    if keys is not None and not keys:
+        raise UsageError("no key to keep was given", hint="pass keys, e.g. --keys pixels,action")
     reader = open_reader(src)
+    # object storage has no lock file: one writer there is the user's to arrange
+    lock = None if loc.is_remote(dst) else WriterLock(dst)
     try:
-        _check_destination(src, dst, overwrite)
-        keys = check_keys(reader.keys, keys, src)
-        if reader.num_episodes == 0:
-            raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
-        if not loc.is_remote(dst):
-            _remove_dead_leftovers(dst)  # a killed convert's temporaries (local disks only)
-        temporary = loc.with_name(dst, f".tmp-{os.getpid()}-{loc.name(dst)}")
-        fmt = resolve_format(temporary, to)
-        # Every field the collector wrote (env, policy, ...); the writer sets its own.
-        metadata = {k: v for k, v in reader.metadata.items() if k not in WRITER_METADATA}
-        loc.remove(temporary)
-        try:
-            with open_writer(temporary, format=fmt, mode="error", metadata=metadata) as writer:
-                checksums = _copy_episodes(reader, writer, keys, on_episode)
-            _verify(reader, temporary, keys, checksums)
-            _move_into_place(temporary, dst)
-        except BaseException:
-            loc.remove(temporary)
-            raise
-        return Copied(
-            src=src,
-            dst=dst,
-            format=fmt,
-            episodes=reader.num_episodes,
-            steps=reader.num_steps,
-            src_size_bytes=reader.nbytes_on_disk,
-            dst_size_bytes=loc.nbytes_under(dst),
-        )
+        return _copy_locked(reader, src, dst, to, keys, overwrite, on_episode, skip_damaged)
     finally:
+        if lock is not None:
+            lock.release()
         reader.close()
+
+
+def _copy_locked(reader, src, dst, to, keys, overwrite, on_episode, skip_damaged) -> Copied:
+    """``copy_dataset`` once ``dst`` is locked."""
+    _check_destination(src, dst, overwrite)
+    keys = check_keys(reader.keys, keys, src)
+    if reader.num_episodes == 0:
+        raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
+    if not loc.is_remote(dst):
+        _remove_dead_leftovers(dst)  # a killed convert's temporaries (local disks only)
+    temporary = loc.with_name(dst, f".tmp-{os.getpid()}-{loc.name(dst)}")
+    fmt = resolve_format(temporary, to)
+    # Every field the collector wrote (env, policy, ...); the writer sets its own.
+    metadata = {k: v for k, v in reader.metadata.items() if k not in WRITER_METADATA}
+    loc.remove(temporary)
+    skipped = {} if skip_damaged else None
+    try:
+        with open_writer(temporary, format=fmt, mode="error", metadata=metadata) as writer:
+            checksums = _copy_episodes(reader, writer, keys, on_episode, skipped, dst)
+        _verify(reader, temporary, keys, checksums, skipped or {})
+        _move_into_place(temporary, dst)
+    except BaseException:
+        loc.remove(temporary)
+        raise
+    kept = np.delete(reader.episode_lengths, list(skipped or {}))
+    return Copied(
+        src=src,
+        dst=dst,
+        format=fmt,
+        episodes=len(kept),
+        steps=int(kept.sum()),
+        src_size_bytes=reader.nbytes_on_disk,
+        dst_size_bytes=loc.nbytes_under(dst),
+        skipped=skipped or {},
+    )

@@ -1,8 +1,9 @@
 """One writer per dataset, and readers a writer can see: two ``flock`` lock files.
 
 ``.NAME.swm-writer``, beside the dataset, is held exclusively by the one process writing ``NAME``
-(and removed when it is done); it is taken before anything of the dataset is touched, so a second
-writer is refused at once and told the first one's PID. ``NAME/_swm_readers.lock``, inside a Lance
+(and removed when it is done): collect, online recording, convert (its destination, for the
+whole copy). It is taken before anything of the dataset is touched, so a second writer is
+refused at once and told the first one's PID and command line. ``NAME/_swm_readers.lock``, inside a Lance
 dataset, is held shared by every process that has it open for reading; a Lance writer deletes
 superseded files only while it can take that lock exclusively, so it never deletes a file a
 reader's version still uses.
@@ -46,7 +47,9 @@ class WriterLock:
             except BlockingIOError:
                 holder = _holder(handle)
                 handle.close()
-                who = f"process {holder}" if holder.isdigit() else "another process"
+                pid, _, command = holder.partition(" ")
+                who = f"process {pid}" if pid.isdigit() else "another process"
+                who += f" ({command})" if pid.isdigit() and command else ""
                 raise DatasetError(
                     f"{path} is being written by {who}",
                     hint="wait for that process to finish, or write to another path",
@@ -55,7 +58,7 @@ class WriterLock:
                 break
             handle.close()  # its holder removed it as we opened it: take the new one
         handle.truncate(0)
-        handle.write(str(os.getpid()))
+        handle.write(f"{os.getpid()} {_command()}")
         handle.flush()
         self._handle = handle
 
@@ -71,15 +74,26 @@ class WriterLock:
 HOLDER_WAIT_SECONDS = 1.0  # the holder writes its PID just after it takes the lock
 
 
+def _command() -> str:
+    """This process's command line, as a user would recognise it (``swm collect --out x``)."""
+    import sys
+
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if program == "__main__.py":
+        program = "python -m swmcli"
+    return " ".join([program, *sys.argv[1:]])[:300].replace("\n", " ")
+
+
 def _holder(handle) -> str:
-    """The PID written in a held lock file; waits briefly for a holder that has just locked it."""
+    """``PID COMMAND`` as written in a held lock file; waits briefly for a holder that has just
+    locked it."""
     import time
 
     deadline = time.monotonic() + HOLDER_WAIT_SECONDS
     while True:
         handle.seek(0)
         holder = handle.read().strip()
-        if holder.isdigit() or time.monotonic() > deadline:
+        if holder.partition(" ")[0].isdigit() or time.monotonic() > deadline:
             return holder
         time.sleep(0.01)
 
