@@ -88,6 +88,9 @@ def run_info(path: str | Path, verify: bool = False) -> CommandResult:
             "per_step_bytes": on_disk // steps if steps else None,
         }
         fields.update({k: v for k, v in reader.metadata.items() if k != "keys"})
+        # Datasets written before metadata checksums (and foreign ones) cannot be checked.
+        sealed = getattr(reader, "metadata_sealed", False)
+        fields["metadata_checksums"] = "verified" if sealed else "unverified metadata"
         fields.update(verified)
         rows = [
             [key, np.dtype(dtype).name, list(shape), np.dtype(dtype).itemsize * int(np.prod(shape))]

@@ -34,6 +34,23 @@ def fingerprint(path: Path) -> list[bytes]:
         reader.close()
 
 
+def dataset_files(path: Path) -> dict[str, bytes]:
+    """Every file of the dataset at ``path``, by path relative to it (``.`` for a single file)."""
+    if path.is_file():
+        return {".": path.read_bytes()}
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(file.relative_to(path)): file.read_bytes() for file in files}
+
+
+def metadata_span(data: bytes) -> range:
+    """Where the swm metadata's JSON lies in a file's bytes (empty if the file holds none)."""
+    start = max(data.find(b'{"env_id"'), data.find(b'{\n  "env_id"'))
+    if start < 0:
+        return range(0)
+    seal = data.find(b"}", data.find(b"field_crc32", start))  # the seal closes last
+    return range(start, data.find(b"}", seal + 1) + 1)
+
+
 def flip(copy: Path, relative: str, offset: int) -> None:
     target = copy / relative if relative != "." else copy
     with target.open("r+b") as handle:

@@ -119,6 +119,8 @@ class ClipDataset(Dataset):
     def _open(self):
         with self._opening:  # reader threads start together: one opens, the others wait for it
             if self._reader is None or self._reader_pid != os.getpid():
+                if self.format == "lance" and torch.utils.data.get_worker_info() is None:
+                    _stop_forking()
                 keep_freed_memory()  # readers free and refault a batch's worth of pages otherwise
                 reader = open_reader(self.path)
                 if self.format == "folder":  # it maps rows to files through the index: no rescan
@@ -243,6 +245,16 @@ class ClipDataset(Dataset):
         if torch.utils.data.get_worker_info() is None:
             return self.spares.array(key, shape, dtype)
         return _shared_array(shape, dtype)
+
+
+def _stop_forking() -> None:
+    """Make forkserver the default start method before this process opens Lance (which is not
+    fork-safe), as stable-worldmodel does: a plain ``DataLoader(dataset, num_workers=N)``
+    built after ``dataset[0]`` then starts workers that open their own dataset, where forked
+    ones would be refused. A start method the user chose (other than fork) is kept."""
+    if multiprocessing.get_start_method(allow_none=True) in (None, "fork"):
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            multiprocessing.set_start_method("forkserver", force=True)
 
 
 def _clip_indices(indices) -> np.ndarray:

@@ -16,6 +16,7 @@ open as "unverified" and verify only their structure.
 """
 
 import json
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -83,12 +84,17 @@ def unseal_metadata(raw: str | bytes, where) -> tuple[dict, bool]:
         | {k for k in seal.keys() & metadata.keys() if _field_crc(metadata[k]) != seal[k]}
     )
     if damaged:
-        named = ", ".join("keys (the schema)" if k == "keys" else k for k in damaged)
+        named = ", ".join("keys (the schema)" if k == "keys" else _printable(k) for k in damaged)
         raise DatasetError(
             f"{where}: its metadata is damaged: {named} does not match its checksum",
             _METADATA_HINT,
         )
     return metadata, True
+
+
+def _printable(name: str) -> str:
+    """A field name for a message: as is, or quoted with escapes if damage made it unprintable."""
+    return name if name.isascii() and name.isprintable() else ascii(name)
 
 
 class RowChecks:
@@ -144,6 +150,10 @@ def check_episode(reader, index: int, episode: Mapping[str, np.ndarray]) -> None
         )
 
 
+_FORMAT_MODULES = [f"swmcli.core.storage.{name}" for name in ("lance", "hdf5", "folder")]
+# Lance warns on every fork once imported; the verify server forks only children that open
+# their own dataset (this module is what it imports first, so the filter is set there).
+warnings.filterwarnings("ignore", message="lance is not fork-safe")
 MAX_CRASHES = 10  # decoder crashes after which verification stops (each costs a new process)
 
 
@@ -159,6 +169,9 @@ def verify(reader) -> dict:
     import multiprocessing
 
     context = multiprocessing.get_context("forkserver")  # this process may have opened Lance
+    # The server imports what every child needs once (importing Lance is fork-safe; opening a
+    # dataset is not): a child then starts in milliseconds instead of importing for a second.
+    context.set_forkserver_preload([__name__, "lance", "h5py", "PIL.Image", *_FORMAT_MODULES])
     damaged: dict[int, str] = {}
     start, crashes, done = 0, 0, None
     while done is None:

@@ -3,10 +3,11 @@
 ``.NAME.swm-writer``, beside the dataset, is held exclusively by the one process writing ``NAME``
 (and removed when it is done): collect, online recording, convert (its destination, for the
 whole copy). It is taken before anything of the dataset is touched, so a second writer is
-refused at once and told the first one's PID and command line. ``NAME/_swm_readers.lock``, inside a Lance
-dataset, is held shared by every process that has it open for reading; a Lance writer deletes
-superseded files only while it can take that lock exclusively, so it never deletes a file a
-reader's version still uses.
+refused at once and told the first one's PID and command line.
+
+``NAME/_swm_readers.lock``, inside a Lance dataset, is held shared by every process that has it
+open for reading; a Lance writer deletes superseded files only while it can take that lock
+exclusively, so it never deletes a file a reader's version still uses.
 
 ``flock`` locks belong to an open file and the kernel drops them when their process dies, so a
 killed writer or reader never leaves a lock behind. They are local: on object storage (``s3://``)
