@@ -82,6 +82,8 @@ def _command() -> str:
     program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
     if program == "__main__.py":
         program = "python -m swmcli"
+    elif program in ("-c", "python"):
+        program = "python -c"
     return " ".join([program, *sys.argv[1:]])[:300].replace("\n", " ")
 
 
