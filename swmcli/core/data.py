@@ -252,9 +252,9 @@ def _stop_forking() -> None:
     fork-safe), as stable-worldmodel does: a plain ``DataLoader(dataset, num_workers=N)``
     built after ``dataset[0]`` then starts workers that open their own dataset, where forked
     ones would be refused. A start method the user chose (other than fork) is kept."""
-    if multiprocessing.get_start_method(allow_none=True) in (None, "fork"):
-        if "forkserver" in multiprocessing.get_all_start_methods():
-            multiprocessing.set_start_method("forkserver", force=True)
+    forking = multiprocessing.get_start_method(allow_none=True) in (None, "fork")
+    if forking and "forkserver" in multiprocessing.get_all_start_methods():
+        multiprocessing.set_start_method("forkserver", force=True)
 
 
 def _clip_indices(indices) -> np.ndarray:
