@@ -39,11 +39,12 @@ def test_checksums_are_written_and_carried_by_copy_dataset(tmp_path):
     assert run_info(tmp_path / "c", verify=True).fields["checksums"] is True
 
 
-def _damage_reward(path: Path, episode: int) -> None:
-    """Change one reward of ``episode`` behind swm's back (valid HDF5, wrong data)."""
+def _damage_reward(path: Path, episode: int, key: str = "reward") -> None:
+    """Change one reward (or ``key``) of ``episode`` behind swm's back (valid HDF5, wrong
+    data)."""
     with h5py.File(path, "r+") as file:
         start = int(file["episode_offsets"][episode])
-        file["reward"][start + 1] += 1
+        file[key][start + 1] += 1
 
 
 def test_verify_names_the_damaged_episode_and_convert_refuses_it(tmp_path):
@@ -297,3 +298,26 @@ def test_streamed_and_in_memory_reads_stop_at_a_damaged_episode_or_skip_it(tmp_p
     in_memory = load_dataset(path, history_len=2, frameskip=1, skip_damaged=True)
     assert load_clips(in_memory, 2**30, seed=0).num_episodes == 3
     assert list(in_memory.damaged) == [2]
+
+
+def test_swm_train_stops_at_a_damaged_episode_or_skips_it_when_asked(tmp_path):
+    """Streamed (the in-memory load: test_streamed_and_in_memory_reads_...)."""
+    from typer.testing import CliRunner
+
+    from swmcli.cli import app
+
+    data = tmp_path / "tiny.h5"
+    runner = CliRunner()
+    collected = runner.invoke(app, ["collect", "--preset", "tiny", "--out", str(data)])
+    assert collected.exit_code == 0, collected.output
+    _damage_reward(data, 3, key="action")  # a key training reads
+    # 16 steps of 16 clips: an epoch, so every training clip is read once
+    train = ["train", "--preset", "tiny", "--data", str(data), "--steps", "16", "--no-in-memory"]
+    stopped = runner.invoke(app, [*train, "--out", str(tmp_path / "a")])
+    assert stopped.exit_code == 1 and "episode 3 is damaged" in stopped.output, stopped.output
+    assert "--skip-damaged" in stopped.output  # the hint names the way on
+    skipped = runner.invoke(app, [*train, "--out", str(tmp_path / "b"), "--skip-damaged", "--json"])
+    assert skipped.exit_code == 0, skipped.output
+    result = json.loads(skipped.stdout)
+    assert result["skipped_damaged_episodes"] == 1
+    assert any("skipped 1 damaged episodes: episode 3" in w for w in result["warnings"])

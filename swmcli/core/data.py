@@ -206,7 +206,8 @@ class ClipDataset(Dataset):
             episode, why = next(iter(found.items()))
             raise errors.DatasetError(
                 f"{self.path}: episode {episode} is damaged ({why})",
-                hint="`swm info --verify` lists all damage; --skip-damaged trains on the rest",
+                hint="restore the dataset, or collect again; `swm info --verify` lists all "
+                "damage; --skip-damaged goes on without it",
             )
         self.damaged.update(found)
 

@@ -146,7 +146,8 @@ def check_episode(reader, index: int, episode: Mapping[str, np.ndarray]) -> None
     if bad:
         raise DatasetError(
             f"{reader.path}: episode {index} is damaged (checksum mismatch in {', '.join(bad)})",
-            hint="restore the dataset, or collect again; `swm info --verify` lists all damage",
+            hint="restore the dataset, or collect again; `swm info --verify` lists all damage; "
+            "--skip-damaged goes on without it",
         )
 
 
