@@ -3,7 +3,7 @@
 from rich.console import Console
 
 from swmcli import report
-from swmcli.core.memory import MemoryReport, PhasePeak
+from swmcli.memory.measure import MemoryReport, PhasePeak
 
 
 def rendered(renderable, width: int = 80) -> list[str]:
