@@ -238,7 +238,7 @@ def test_unknown_policy_and_expert_off_tworoom_are_usage_errors():
         make_policy("greedy", env, seed=0)
     assert "random" in caught.value.hint
     tiny = make_env(TINY_ID, 32, 10, seed=0)
-    with pytest.raises(UsageError, match="only knows swm/TwoRoom-v0"):
+    with pytest.raises(UsageError, match="no expert policy for TinyEnv"):
         make_policy("expert", tiny, seed=0)
 
 
