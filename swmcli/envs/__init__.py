@@ -92,7 +92,8 @@ def _unit_actions(env):
         return env
     if np.all(space.low == -1.0) and np.all(space.high == 1.0):
         return env
-    return gym.wrappers.RescaleAction(env, -1.0, 1.0)
+    ones = np.ones(space.shape, space.dtype)
+    return gym.wrappers.RescaleAction(env, -ones, ones)
 
 
 # Frames alive while rendering one step: the static background, the frame, masks and a resize.
@@ -252,10 +253,10 @@ def _usage_errors(env_id: str):
 
 
 def _pip_hint(message: str) -> str:
-    """The ``pip install ...`` line gymnasium's message names, or a generic one."""
-    match = re.search(r"pip install (\"[^\"]+\"|'[^']+'|\S+)", message)
-    if match:
-        return f"pip install {match.group(1).strip('`')}"
+    """The ``pip install ...`` lines gymnasium's message names (in order), or a generic one."""
+    packages = re.findall(r"pip install (\"[^\"]+\"|'[^']+'|\S+)", message)
+    if packages:
+        return " && ".join(f"pip install {package.strip('`')}" for package in packages)
     return "install the package named above with pip"
 
 

@@ -14,7 +14,7 @@ What the plugin adds to the env (see ``plugins``):
   state.
 - ``pusher`` (``--policy expert``): a scripted policy that pushes the block: it picks a
   direction, goes round to the block's far side, pushes through it for a while, then picks
-  another, with Gaussian noise on its targets.
+  another, with Gaussian noise on its targets, each at most ``MAX_MOVE`` from the agent.
 
 Positions are pixels of gym-pusht's 512 x 512 arena; its actions (absolute agent targets in
 [0, 512]) reach the policy rescaled to [-1, 1] (``make_env``).
@@ -33,6 +33,7 @@ PUSH_THROUGH = 60.0  # how far past the centre the pusher aims while pushing
 PUSH_STEPS = (6, 14)  # steps of one push, drawn uniformly
 LINED_UP = 25.0  # within this of the line-up point, the push starts
 TARGET_NOISE = 10.0  # pixels, std of the noise on every target
+MAX_MOVE = 40.0  # the target is at most this far from the agent: pushes, not kicks
 
 
 def frame(pusht) -> np.ndarray:
@@ -98,7 +99,9 @@ def pusher(env, seed: int, noise: float = 0.3):
                 plan["direction"] = None
         else:
             target = _around(agent, centre, line_up)
-        target = np.clip(target + rng.normal(0.0, sigma, 2), 15.0, ARENA - 15.0)
+        step = target - agent
+        step *= min(1.0, MAX_MOVE / max(float(np.linalg.norm(step)), 1e-9))
+        target = np.clip(agent + step + rng.normal(0.0, sigma, 2), 15.0, ARENA - 15.0)
         return (target / (ARENA / 2) - 1.0).astype(np.float32)
 
     return act
