@@ -15,13 +15,13 @@ pytest.importorskip("gym_pusht", reason="Push-T needs the [pusht] extra: pip ins
 
 from swmcli.collect import run_collect
 from swmcli.config import resolve_config
-from swmcli.core.memory import MemoryMonitor
 from swmcli.core.runner import make_runner
 from swmcli.core.storage import open_reader
 from swmcli.envs import make_env
 from swmcli.envs.plugins import restore_recorded
 from swmcli.envs.policies import make_policy
 from swmcli.evaluate import _goal_episodes, load_model, run_episodes, run_eval
+from swmcli.memory.measure import MemoryMonitor
 from swmcli.train import run_train
 
 TINY = {
