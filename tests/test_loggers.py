@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+import wandb
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -53,6 +54,7 @@ def test_wandb_offline_keeps_every_step_and_the_picture_without_a_network(tmp_pa
         for step in (1, 5, 10):
             loggers.scalars(step, {"step": step, "loss": 1.0 / step, "latent_rank": 3})
         loggers.picture("train/loss_curve", picture, 10)
+    wandb.teardown()  # waits for W&B's service to write everything down, as at a process's exit
     (record,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     data = record.read_bytes()
     assert data.count(b"train/loss") >= 3 and b"train/latent_rank" in data
