@@ -73,6 +73,11 @@ Compile = Annotated[
     bool | None,
     typer.Option("--compile/--eager", help="torch.compile encoder and predictor separately"),
 ]
+# Another tool's dataset (stable-worldmodel, Minari): its column SRC read as swm's key DST.
+MapOption = Annotated[
+    list[str] | None,
+    typer.Option("--map", help="SRC=DST: another tool's column SRC as key DST (SRC= drops it)"),
+]
 
 
 # The setting each command's flags set (flag parameter -> section.key); --help shows its default.
@@ -341,6 +346,7 @@ def convert(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="replace DST if it exists")
     ] = False,
+    map_: MapOption = None,
     as_json: Json = False,
 ) -> None:
     """Convert a dataset between formats: streamed, verified by checksums, renamed into place."""
@@ -350,7 +356,9 @@ def convert(
         from swmcli.convert import run_convert
 
         with monitor.phase("convert"):
-            return run_convert(src, dst, to=to, keys=key_list, overwrite=overwrite)
+            return run_convert(
+                src, dst, to=to, keys=key_list, overwrite=overwrite, mapping=map_
+            )
 
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
 
@@ -368,6 +376,7 @@ def info(
     verify: Annotated[
         bool, typer.Option("--verify", help="read every episode against its checksums")
     ] = False,
+    map_: MapOption = None,
     as_json: Json = False,
 ) -> None:
     """Show a dataset: format, episodes, steps, keys with dtypes and shapes, bytes on disk."""
@@ -376,7 +385,7 @@ def info(
         from swmcli.convert import run_info
 
         with monitor.phase("inspect"):
-            return run_info(path, verify=verify)
+            return run_info(path, verify=verify, mapping=map_)
 
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
 

@@ -16,16 +16,25 @@ def run_convert(
     to: str | None = None,
     keys: list[str] | None = None,
     overwrite: bool = False,
+    mapping: list[str] | None = None,
 ) -> CommandResult:
     """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given, with a progress bar; the result names both sizes.
+    ``mapping`` (``SRC=DST`` pairs) renames another tool's columns on the way in.
     """
     from swmcli.core.storage.copy import copy_dataset
+    from swmcli.core.storage.foreign import parse_mapping
 
     started = time.perf_counter()
     with progress("convert", total=_episode_count(src)) as advance:
         copied = copy_dataset(
-            src, dst, to=to, keys=keys, overwrite=overwrite, on_episode=lambda *_: advance(1)
+            src,
+            dst,
+            to=to,
+            keys=keys,
+            overwrite=overwrite,
+            on_episode=lambda *_: advance(1),
+            mapping=parse_mapping(mapping),
         )
     fields = {
         "src": str(copied.src),
@@ -52,17 +61,22 @@ def _episode_count(path: str | Path) -> int:
         reader.close()
 
 
-def run_info(path: str | Path, verify: bool = False) -> CommandResult:
+def run_info(
+    path: str | Path, verify: bool = False, mapping: list[str] | None = None
+) -> CommandResult:
     """What ``swm info PATH`` shows: format, episodes, steps, bytes on disk and per step, the
     metadata, and a table of keys with their per-row dtype and shape. ``verify`` first reads
-    every episode against its checksums and fails naming the damaged ones.
+    every episode against its checksums and fails naming the damaged ones. Another tool's
+    dataset also shows its codec, whether it is lossy, its convention and the column mapping
+    (``mapping``: ``SRC=DST`` overrides).
     """
     import numpy as np
 
     from swmcli.core.storage import open_reader
     from swmcli.core.storage.checksums import verify as verify_checksums
+    from swmcli.core.storage.foreign import parse_mapping
 
-    reader = open_reader(path)
+    reader = open_reader(path, parse_mapping(mapping))
     try:
         verified = verify_checksums(reader) if verify else {}
         on_disk = reader.nbytes_on_disk

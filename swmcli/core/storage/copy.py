@@ -151,13 +151,15 @@ def copy_dataset(
     keys: list[str] | None = None,
     overwrite: bool = False,
     on_episode: Callable[[int, int], None] | None = None,
+    mapping: dict[str, str] | None = None,
 ) -> Copied:
     """Copy the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given. Streams, verifies, renames into place at the end;
-    ``on_episode(done, total)`` is called after each episode is written.
+    ``on_episode(done, total)`` is called after each episode is written; ``mapping`` renames
+    another tool's columns (see ``foreign``).
     """
     src, dst = as_location(src), as_location(dst)
-    reader = open_reader(src)
+    reader = open_reader(src, mapping)
     try:
         _check_destination(src, dst, overwrite)
         keys = check_keys(reader.keys, keys, src)

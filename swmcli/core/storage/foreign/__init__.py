@@ -127,6 +127,7 @@ class ForeignReader:
             **{f"source_{k}" if k in _PROVENANCE else k: v for k, v in source.info.items()},
             "mapping": renamed or "same names",
             "env_id": None,
+            "resolution": _side(self.keys.get("pixels")),
             "action_dim": int(np.prod(action[1])) if action else None,
         }
         if left_out:
@@ -159,6 +160,14 @@ class ForeignReader:
 
     def close(self) -> None:
         self._source.close()
+
+
+def _side(pixels) -> int | list[int] | None:
+    """swm's resolution: the side of square frames (what a model is built for), else [H, W]."""
+    if pixels is None or len(pixels[1]) < 2:
+        return None
+    height, width = pixels[1][:2]
+    return int(height) if height == width else [int(height), int(width)]
 
 
 def check_stored(name: str, claimed_bytes: int, stored_bytes: int, where, ratio: int = 1) -> None:

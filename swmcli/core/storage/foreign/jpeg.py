@@ -31,7 +31,9 @@ def _open(blob: bytes, where):
         raise DatasetError(f"{where}: a frame is not a readable image ({error})") from None
     width, height = image.size
     if max(width, height) > MAX_SIDE or width * height * 3 > MAX_EXPANSION * max(len(blob), 1):
-        raise DatasetError(f"{where}: a frame claims {width}x{height} pixels from {len(blob)} bytes")
+        raise DatasetError(
+            f"{where}: a frame claims {width}x{height} pixels from {len(blob)} bytes"
+        )
     return image
 
 

@@ -73,7 +73,9 @@ class MinariSource:
             raise
         except Exception as error:
             self.close()
-            raise DatasetError(f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT) from None
+            raise DatasetError(
+                f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT
+            ) from None
 
     def _read_metadata(self) -> dict:
         file = self.path.parent / "metadata.json"
@@ -189,11 +191,15 @@ class MinariSource:
         try:
             for episode in np.unique(episodes):
                 where = episodes == episode
-                out[where] = self._episode_rows(name, int(episode), rows[where] - self.offsets[episode])
+                out[where] = self._episode_rows(
+                    name, int(episode), rows[where] - self.offsets[episode]
+                )
         except DatasetError:
             raise
         except Exception as error:
-            raise DatasetError(f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT) from None
+            raise DatasetError(
+                f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT
+            ) from None
         return out
 
     def close(self) -> None:

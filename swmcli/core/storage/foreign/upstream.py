@@ -172,7 +172,9 @@ class UpstreamLance:
         except DatasetError:
             raise
         except Exception as error:
-            raise DatasetError(f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT) from None
+            raise DatasetError(
+                f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT
+            ) from None
 
     def _episode_lengths(self) -> np.ndarray:
         table = self._guard(lambda: self._dataset.to_table(columns=["episode_idx"]))
@@ -182,7 +184,9 @@ class UpstreamLance:
         starts = np.flatnonzero(np.diff(ids) != 0) + 1
         if len(np.unique(ids[np.concatenate([[0], starts])])) != len(starts) + 1:
             raise DatasetError(f"{self.path}: an episode's rows are not contiguous", DAMAGED_HINT)
-        return check_lengths(np.diff(np.concatenate([[0], starts, [len(ids)]])), len(ids), self.path)
+        return check_lengths(
+            np.diff(np.concatenate([[0], starts, [len(ids)]])), len(ids), self.path
+        )
 
     def _add_column(self, field, first_row, dropped: dict) -> None:
         import pyarrow as pa
@@ -226,7 +230,7 @@ class UpstreamLance:
         flat = column.combine_chunks().flatten().to_numpy(zero_copy_only=False)
         dtype, shape = self.columns[name]
         values = flat.reshape(len(column), self._dims[name])[inverse]
-        cast = values != 0 if dtype == bool else values.astype(dtype, copy=False)
+        cast = values != 0 if dtype.kind == "b" else values.astype(dtype, copy=False)
         return cast.reshape(len(rows), *shape)
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
@@ -334,7 +338,9 @@ class UpstreamHdf5:
         try:
             values = self._rows(name, rows)
         except Exception as error:
-            raise DatasetError(f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT) from None
+            raise DatasetError(
+                f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT
+            ) from None
         return self._align.apply(name, rows, values)
 
     def close(self) -> None:
