@@ -334,6 +334,8 @@ def collect(
         "swm convert data/tworoom.h5 data/frames --to folder --keys pixels,action",
         "swm convert data/a.lance data/a.h5 --overwrite",
         "swm convert s3://swm-bucket/tworoom/tiny.lance data/tiny.h5",
+        "swm convert data/pusht_expert.lance data/pusht.lance   # stable-worldmodel's, into swm",
+        "swm convert data/tiny.lance data/tiny-upstream.h5 --layout stable-worldmodel",
     ),
 )
 def convert(
@@ -347,6 +349,10 @@ def convert(
         bool, typer.Option("--overwrite", help="replace DST if it exists")
     ] = False,
     map_: MapOption = None,
+    layout: Annotated[
+        str,
+        typer.Option(help="swm, or stable-worldmodel (its Lance or HDF5 layout, by DST suffix)"),
+    ] = "swm",
     as_json: Json = False,
 ) -> None:
     """Convert a dataset between formats: streamed, verified by checksums, renamed into place."""
@@ -357,7 +363,7 @@ def convert(
 
         with monitor.phase("convert"):
             return run_convert(
-                src, dst, to=to, keys=key_list, overwrite=overwrite, mapping=map_
+                src, dst, to=to, keys=key_list, overwrite=overwrite, mapping=map_, layout=layout
             )
 
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})

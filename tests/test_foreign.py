@@ -74,7 +74,7 @@ def test_hdf5_is_read_bit_exact_and_lance_frames_within_jpeg_error():
 def test_info_names_format_convention_codec_and_mapping():
     result = swm("info", UPSTREAM / "0.1.1/tworoom.lance", "--json")
     assert result.exit_code == 0, result.output
-    shown = json.loads(result.output)
+    shown = json.loads(result.stdout)
     assert shown["format"] == "stable-worldmodel-lance"
     assert shown["source_codec"] == "JPEG quality 95"
     assert shown["source_lossy"].startswith("frames (pixels)")
@@ -82,7 +82,7 @@ def test_info_names_format_convention_codec_and_mapping():
     assert shown["mapping"] == "same names"
     result = swm("info", UPSTREAM / "main/tworoom.h5", "--json", "--map", "state=proprio_xy",
                  "--map", "id=")  # fmt: skip
-    shown = json.loads(result.output)
+    shown = json.loads(result.stdout)
     assert shown["source_lossy"] is False and shown["mapping"] == {"state": "proprio_xy"}
     keys = [row[0] for row in shown["tables"][0]["rows"]]
     assert "proprio_xy" in keys and "state" not in keys and "id" not in keys
@@ -174,3 +174,88 @@ def test_unknown_directory_is_a_usage_error(tmp_path):
     (tmp_path / "something").mkdir()
     with pytest.raises(UsageError, match="nor one swm imports"):
         detect(tmp_path / "something")
+
+
+# ------------------------------------------------------------------ export to stable-worldmodel
+
+
+@pytest.fixture(scope="module")
+def swm_dataset(tmp_path_factory) -> Path:
+    """A swm Lance dataset: frames, float32/bool/float64 columns, NaN last actions."""
+    from test_storage import make_episode
+
+    from swmcli.core.storage import open_writer
+
+    path = tmp_path_factory.mktemp("swm") / "source.lance"
+    with open_writer(path, mode="error", metadata={"env_id": "swm/TwoRoom-v0"}) as writer:
+        for seed, length in enumerate((5, 3, 7)):
+            episode = make_episode(seed, length)
+            ramp = np.arange(32, dtype=np.uint8)[None, :, None, None] * 7  # smooth: JPEG-friendly
+            episode["pixels"] = np.broadcast_to(ramp + 9 * seed, (length, 32, 32, 3)).copy()
+            episode["pixels"][:, 8:14, 10:20] = (250, 40, 90)
+            episode["score"] = np.linspace(0, 1, length, dtype=np.float64) / 3
+            writer.write_episode(episode)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".lance"])
+def test_export_round_trip(swm_dataset, tmp_path, suffix):
+    out = tmp_path / f"upstream{suffix}"
+    result = swm("convert", swm_dataset, out, "--layout", "stable-worldmodel", "--json")
+    assert result.exit_code == 0, result.output
+    layout = "stable-worldmodel-lance" if suffix == ".lance" else "stable-worldmodel-hdf5"
+    assert json.loads(result.stdout)["format"] == detect(out) == layout
+    back = tmp_path / "back.lance"
+    assert swm("convert", out, back).exit_code == 0
+    for original, returned in zip(read_all(swm_dataset), read_all(back), strict=True):
+        assert original.keys() == returned.keys()
+        for key, value in original.items():
+            assert returned[key].dtype == value.dtype and returned[key].shape == value.shape
+            if suffix == ".h5" or key not in ("pixels", "score"):
+                np.testing.assert_array_equal(returned[key], value, err_msg=key)  # bit-exact
+        if suffix == ".lance":  # JPEG q95 frames, and float64 held as float32
+            error = np.abs(returned["pixels"].astype(int) - original["pixels"].astype(int))
+            assert error.mean() < 4
+            np.testing.assert_allclose(returned["score"], original["score"], rtol=1e-6)
+
+
+def test_export_refuses_other_destinations(swm_dataset, tmp_path):
+    result = swm("convert", swm_dataset, tmp_path / "out", "--layout", "stable-worldmodel")
+    assert result.exit_code == 2 and ".lance directory or .h5 file" in result.output
+    result = swm("convert", swm_dataset, tmp_path / "o.h5", "--layout", "lerobot-v9")
+    assert result.exit_code == 2 and "unknown layout" in result.output
+
+
+UPSTREAM_CHECK = """
+import sys, numpy as np
+from stable_worldmodel.data import load_dataset
+dataset = load_dataset(sys.argv[1], num_steps=2, frameskip=1)
+clip = dataset[0]
+print(len(dataset), tuple(clip["pixels"].shape), tuple(clip["action"].shape))
+"""
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".lance"])
+def test_upstreams_own_loader_reads_the_export(swm_dataset, tmp_path, suffix):
+    """stable-worldmodel's own load_dataset on what swm wrote: runs where the package imports,
+    in this interpreter or in the one SWM_UPSTREAM_PYTHON names (its own venv)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    python = os.environ.get("SWM_UPSTREAM_PYTHON")
+    if python is None and importlib.util.find_spec("stable_worldmodel") is not None:
+        python = sys.executable
+    if python is None:
+        pytest.skip(
+            "stable-worldmodel is not importable: set SWM_UPSTREAM_PYTHON to a venv's python"
+        )
+    out = tmp_path / f"upstream{suffix}"
+    assert swm("convert", swm_dataset, out, "--layout", "stable-worldmodel").exit_code == 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [python, "-c", UPSTREAM_CHECK, str(out)], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "12 (2, 3, 32, 32) (2, 2)"
