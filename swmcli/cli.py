@@ -252,7 +252,7 @@ def _run(
     """
     from swmcli import report
     from swmcli.config import resolve_config
-    from swmcli.core.memory import MemoryMonitor
+    from swmcli.memory.measure import MemoryMonitor
 
     with error_boundary():
         cfg = resolve_config(preset, config, sets, flags)

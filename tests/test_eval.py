@@ -11,11 +11,11 @@ from PIL import Image
 from swmcli.collect import run_collect
 from swmcli.config import load_run_config, resolve_config
 from swmcli.core.clips import heldout_split
-from swmcli.core.memory import MemoryMonitor
 from swmcli.core.runner import make_runner
 from swmcli.core.storage import open_reader
 from swmcli.errors import CheckpointError, UsageError
 from swmcli.evaluate import _goal_episodes, load_model, open_loop_errors, run_episodes, run_eval
+from swmcli.memory.measure import MemoryMonitor
 from swmcli.planning import PlannerSettings, cem, plan_costs
 from swmcli.train import run_train
 

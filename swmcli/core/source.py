@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from swmcli.core.buffer import ReplayBuffer, preflight, schema_bytes
-from swmcli.core.memory import available_host_bytes
 from swmcli.core.storage import Schema, open_reader
 from swmcli.errors import BudgetExceeded, UsageError
+from swmcli.memory.measure import available_host_bytes
 from swmcli.units import format_bytes
 
 

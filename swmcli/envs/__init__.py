@@ -64,8 +64,8 @@ _FRAMES_WHILE_RENDERING = 8
 
 def _check_frame_memory(resolution: int) -> None:
     """Refuse a resolution whose frames alone the host cannot hold, before anything is drawn."""
-    from swmcli.core.memory import available_host_bytes
     from swmcli.errors import BudgetExceeded
+    from swmcli.memory.measure import available_host_bytes
     from swmcli.units import format_bytes
 
     needed = _FRAMES_WHILE_RENDERING * resolution * resolution * 3
