@@ -14,7 +14,8 @@ the dataset, and check every length and shape a header claims against the bytes 
 before they allocate for it (``check_stored``).
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from swmcli.core.storage import INDEX_COLUMNS, Schema, check_keys, offsets_from_lengths, take_rows
 from swmcli.core.storage.location import nbytes_under
-from swmcli.errors import DatasetError, UsageError
+from swmcli.errors import DatasetError, UsageError, first_line
 
 UPSTREAM_LANCE = "stable-worldmodel-lance"
 UPSTREAM_HDF5 = "stable-worldmodel-hdf5"
@@ -168,6 +169,20 @@ def _side(pixels) -> int | list[int] | None:
         return None
     height, width = pixels[1][:2]
     return int(height) if height == width else [int(height), int(width)]
+
+
+@contextmanager
+def reading(path, on_error: Callable[[], None] | None = None):
+    """Whatever a damaged file makes h5py, Lance or Pillow raise becomes one DatasetError line
+    (``on_error`` runs first, e.g. to close the file)."""
+    try:
+        yield
+    except BaseException as error:
+        if on_error is not None:
+            on_error()
+        if isinstance(error, DatasetError) or not isinstance(error, Exception):
+            raise
+        raise DatasetError(f"cannot read {path}: {first_line(error)}", DAMAGED_HINT) from None
 
 
 def check_stored(name: str, claimed_bytes: int, stored_bytes: int, where, ratio: int = 1) -> None:

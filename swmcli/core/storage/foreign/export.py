@@ -23,10 +23,10 @@ from swmcli.core.storage import location as loc
 from swmcli.core.storage.copy import (
     Copied,
     _check_destination,
-    _column_checksums,
     _copy_episodes,
     _move_into_place,
     _remove_dead_leftovers,
+    _verify,
 )
 from swmcli.core.storage.foreign import UPSTREAM_HDF5, UPSTREAM_LANCE
 from swmcli.core.storage.foreign.upstream import EXPORT_KEY
@@ -82,7 +82,7 @@ def export_dataset(
             with writer:
                 checksums = _copy_episodes(reader, writer, keys, on_episode)
             exact = lossless_keys(schema, suffix == ".lance")
-            _verify(reader, temporary, exact, {k: checksums[k] for k in exact})
+            _verify(reader, temporary, keys, checksums, exact=exact)
             _move_into_place(temporary, dst)
         except BaseException:
             loc.remove(temporary)
@@ -98,25 +98,6 @@ def export_dataset(
         )
     finally:
         reader.close()
-
-
-def _verify(source, written_path: Path, keys: list[str], expected: dict[str, str]) -> None:
-    """Counts, episode lengths and the checksum of every lossless column match the source."""
-    written = open_reader(written_path)
-    try:
-        problems = []
-        if not np.array_equal(written.episode_lengths, source.episode_lengths):
-            problems.append("episode lengths differ")
-        else:
-            actual = _column_checksums(written, keys)
-            problems += [f"column {k} differs" for k in keys if actual[k] != expected[k]]
-    finally:
-        written.close()
-    if problems:
-        raise DatasetError(
-            f"verification failed: {'; '.join(problems)}",
-            hint="the destination was not written; report this with SWM_DEBUG=1",
-        )
 
 
 def _export_metadata(schema) -> str:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from swmcli.core.storage.foreign import DAMAGED_HINT, MINARI, check_stored, jpeg
-from swmcli.errors import DatasetError, first_line
+from swmcli.core.storage.foreign import DAMAGED_HINT, MINARI, check_stored, jpeg, reading
+from swmcli.errors import DatasetError
 
 _EPISODE = re.compile(r"episode_(\d+)")
 _ARRIVAL = {"rewards": "reward", "terminations": "terminated", "truncations": "truncated"}
@@ -65,17 +65,9 @@ class MinariSource:
 
         self.path = _data_file(path)
         self._file = None
-        try:
+        with reading(self.path, on_error=self.close):
             self._file = h5py.File(self.path, "r")
             self._open(self._read_metadata())
-        except DatasetError:
-            self.close()
-            raise
-        except Exception as error:
-            self.close()
-            raise DatasetError(
-                f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT
-            ) from None
 
     def _read_metadata(self) -> dict:
         file = self.path.parent / "metadata.json"
@@ -188,18 +180,12 @@ class MinariSource:
         episodes = np.searchsorted(self.offsets, rows, side="right") - 1
         dtype, shape = self.columns[name]
         out = np.empty((len(rows), *shape), dtype=dtype)
-        try:
+        with reading(self.path):
             for episode in np.unique(episodes):
                 where = episodes == episode
                 out[where] = self._episode_rows(
                     name, int(episode), rows[where] - self.offsets[episode]
                 )
-        except DatasetError:
-            raise
-        except Exception as error:
-            raise DatasetError(
-                f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT
-            ) from None
         return out
 
     def close(self) -> None:

@@ -29,8 +29,9 @@ from swmcli.core.storage.foreign import (
     check_stored,
     is_hdf5,
     jpeg,
+    reading,
 )
-from swmcli.errors import DatasetError, first_line
+from swmcli.errors import DatasetError
 
 EXPORT_KEY = "swm_export"  # swm's schema, kept by an export so a re-import restores it exactly
 _SIDE_TABLES = ("_episodes.lance", "_videos.lance")
@@ -167,14 +168,8 @@ class UpstreamLance:
             self.info["exported_by"] = "swm (its dtypes and shapes restored)"
 
     def _guard(self, read):
-        try:
+        with reading(self.path):
             return read()
-        except DatasetError:
-            raise
-        except Exception as error:
-            raise DatasetError(
-                f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT
-            ) from None
 
     def _episode_lengths(self) -> np.ndarray:
         table = self._guard(lambda: self._dataset.to_table(columns=["episode_idx"]))
@@ -274,15 +269,10 @@ class UpstreamHdf5:
         import h5py
 
         self.path = path
-        try:
+        self._file = None
+        with reading(path, on_error=self.close):
             self._file = h5py.File(path, "r")
             self._open()
-        except DatasetError:
-            self.close()
-            raise
-        except Exception as error:
-            self.close()
-            raise DatasetError(f"cannot read {path}: {first_line(error)}", DAMAGED_HINT) from None
 
     def _whole(self, name: str) -> np.ndarray:
         dataset = self._file[name]
@@ -335,16 +325,11 @@ class UpstreamHdf5:
         return values[inverse]
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
-        try:
+        with reading(self.path):
             values = self._rows(name, rows)
-        except Exception as error:
-            raise DatasetError(
-                f"cannot read {self.path}: {first_line(error)}", DAMAGED_HINT
-            ) from None
         return self._align.apply(name, rows, values)
 
     def close(self) -> None:
-        file = getattr(self, "_file", None)
-        if file is not None:
-            file.close()
+        if self._file is not None:
+            self._file.close()
             self._file = None
