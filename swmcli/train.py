@@ -91,6 +91,10 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world) -> SwmC
     if cfg.online.enabled and cfg.online.record is not None:
         # `swm eval RUN_DIR` reads held-out episodes from the data the run recorded.
         cfg = with_settings(cfg, {"data.path": cfg.online.record})
+    if not cfg.online.enabled:  # the run plays the env its data came from (`swm eval RUN_DIR`)
+        from swmcli.rollout import env_of_dataset
+
+        cfg = env_of_dataset(cfg)
     from swmcli.core.storage import location
 
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
