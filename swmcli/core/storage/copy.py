@@ -9,7 +9,8 @@ source is only ever read.
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -80,13 +81,16 @@ class Copied:
     steps: int
     src_size_bytes: int
     dst_size_bytes: int
-    skipped: dict[int, str]  # damaged episodes left out (with skip_damaged), with why
+    skipped: dict[int, str] = field(default_factory=dict)  # damaged episodes left out, with why
 
 
-def _copy_episodes(reader, writer, keys: list[str], on_episode, skipped, dst) -> dict[str, str]:
+def _copy_episodes(
+    reader, writer, keys: list[str], on_episode, skipped=None, dst=None
+) -> dict[str, str]:
     """Stream every episode from reader to writer; the checksum of each column as it went.
     A damaged episode stops the copy, or, when ``skipped`` is a dict, is left out and
-    recorded there with why."""
+    recorded there with why. With a local ``dst``, a disk too full for the next episode is
+    an error naming ``dst``."""
     digests = {key: hashlib.blake2b(digest_size=16) for key in keys}
     for index in range(reader.num_episodes):
         try:
@@ -99,7 +103,7 @@ def _copy_episodes(reader, writer, keys: list[str], on_episode, skipped, dst) ->
             continue
         for key in keys:
             digests[key].update(np.ascontiguousarray(episode[key]).data)
-        if not loc.is_remote(dst):
+        if dst is not None and not loc.is_remote(dst):
             nbytes = sum(v.nbytes for v in episode.values())
             check_free_space(Path(writer.path), nbytes, where=dst, hint=_DISK_HINT)
         writer.write_episode(episode)
@@ -126,10 +130,16 @@ def _column_checksums(reader, keys: list[str]) -> dict[str, str]:
 
 
 def _verify(
-    source, written_path: Location, keys: list[str], expected: dict[str, str], skipped
+    source,
+    written_path: Location,
+    keys: list[str],
+    expected: dict[str, str],
+    exact=None,
+    skipped=(),
 ) -> None:
-    """Counts, episode lengths, schema and every column's checksum must match the source's
-    (less the ``skipped`` episodes)."""
+    """Counts, episode lengths, schema and every column's checksum (of the ``exact`` keys only,
+    when given: a lossy layout's frames differ) must match the source's, less the ``skipped``
+    episodes."""
     lengths = np.delete(source.episode_lengths, list(skipped))
     written = open_reader(written_path)
     try:
@@ -145,8 +155,9 @@ def _verify(
         if written.keys != wanted:
             problems.append(f"schema {describe_schema(written.keys)} != {describe_schema(wanted)}")
         if not problems:
-            actual = _column_checksums(written, keys)
-            problems += [f"column {k} differs" for k in keys if actual[k] != expected[k]]
+            compared = keys if exact is None else exact
+            actual = _column_checksums(written, compared)
+            problems += [f"column {k} differs" for k in compared if actual[k] != expected[k]]
     finally:
         written.close()
     if problems:
@@ -177,26 +188,32 @@ def copy_dataset(
     keys: list[str] | None = None,
     overwrite: bool = False,
     on_episode: Callable[[int, int], None] | None = None,
+    mapping: dict[str, str] | None = None,
     skip_damaged: bool = False,
 ) -> Copied:
     """Copy the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given. Streams, verifies, renames into place at the end;
-    ``on_episode(done, total)`` is called after each episode is written. ``dst`` is held under
-    its writer lock throughout (a dataset another process writes is refused, never replaced);
-    ``skip_damaged`` leaves out episodes that fail their checksum instead of stopping.
+    ``on_episode(done, total)`` is called after each episode is written; ``mapping`` renames
+    another tool's columns (see ``foreign``). ``dst`` is held under its writer lock throughout
+    (a dataset another process writes is refused, never replaced); ``skip_damaged`` leaves out
+    episodes that fail their checksum instead of stopping.
     """
     src, dst = as_location(src), as_location(dst)
     if keys is not None and not keys:
         raise UsageError("no key to keep was given", hint="pass keys, e.g. --keys pixels,action")
-    reader = open_reader(src)
-    # object storage has no lock file: one writer there is the user's to arrange
-    lock = None if loc.is_remote(dst) else WriterLock(dst)
+    reader = open_reader(src, mapping)
     try:
-        return _copy_locked(reader, src, dst, to, keys, overwrite, on_episode, skip_damaged)
+        with destination_lock(dst):
+            return _copy_locked(reader, src, dst, to, keys, overwrite, on_episode, skip_damaged)
     finally:
-        if lock is not None:
-            lock.release()
         reader.close()
+
+
+def destination_lock(dst: Location):
+    """A context holding ``dst``'s writer lock for a whole copy, from before the destination is
+    checked until the copy is in place (object storage has no lock file: one writer there is
+    the user's to arrange)."""
+    return nullcontext() if loc.is_remote(dst) else WriterLock(dst)
 
 
 def _copy_locked(reader, src, dst, to, keys, overwrite, on_episode, skip_damaged) -> Copied:
@@ -216,7 +233,7 @@ def _copy_locked(reader, src, dst, to, keys, overwrite, on_episode, skip_damaged
     try:
         with open_writer(temporary, format=fmt, mode="error", metadata=metadata) as writer:
             checksums = _copy_episodes(reader, writer, keys, on_episode, skipped, dst)
-        _verify(reader, temporary, keys, checksums, skipped or {})
+        _verify(reader, temporary, keys, checksums, skipped=skipped or {})
         _move_into_place(temporary, dst)
     except BaseException:
         loc.remove(temporary)

@@ -71,6 +71,12 @@ class WriterLock:
             self._handle.close()
             self._handle = None
 
+    def __enter__(self) -> "WriterLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
 
 HOLDER_WAIT_SECONDS = 1.0  # the holder writes its PID just after it takes the lock
 
