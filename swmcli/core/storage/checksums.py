@@ -117,13 +117,14 @@ class RowChecks:
     def damaged_rows(self, key: str, rows: np.ndarray, values: np.ndarray, stored) -> np.ndarray:
         """Those of ``rows`` (whose bytes are ``values``) that fail their checksum; ``stored``
         gives each row's ``(keys,)`` CRC-32s. The others are marked checked."""
-        todo = ~self._checked[key][rows]
-        if not todo.any():
+        todo = np.flatnonzero(~self._checked[key][rows])
+        if not todo.size:
             return rows[:0]
-        sums = np.asarray(_crc_rows(values[todo]), dtype=np.uint32)
+        flat = np.ascontiguousarray(values).reshape(len(values), -1).view(np.uint8)
+        sums = np.fromiter((crc32(flat[i]) for i in todo.tolist()), np.uint32, len(todo))
         bad = sums != stored[todo, self.columns[key]]
-        self._checked[key][rows[todo][~bad]] = True
-        return rows[todo][bad]
+        self._checked[key][rows[todo[~bad]]] = True
+        return rows[todo[bad]]
 
 
 def damaged_keys(episode: Mapping[str, np.ndarray], stored: np.ndarray, keys: list[str]) -> list:
