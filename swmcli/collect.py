@@ -100,7 +100,8 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
     from swmcli.core.storage import location, open_reader
 
     reader = open_reader(settings.out)
-    config_path = location.with_name(settings.out, location.name(settings.out) + ".config.json")
+    out = location.as_location(settings.out)
+    config_path = location.with_name(out, location.name(out) + ".config.json")
     location.write_text(config_path, cfg.model_dump_json(indent=2) + "\n")
     result = CommandResult(
         title="collect",

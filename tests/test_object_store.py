@@ -109,7 +109,7 @@ def test_collect_info_convert_train_eval_on_object_storage(s3, tmp_path):
     copy = f"{s3}/copy.lance"
     converted = _cli("convert", str(local), copy)
     assert converted["verified"] and converted["dst_size_bytes"] > 0
-    assert not location.exists(f"{s3}/.tmp-{os.getpid()}-copy.lance")
+    assert not location.exists(location.as_location(f"{s3}/.tmp-{os.getpid()}-copy.lance"))
     first, second = open_reader(raw), open_reader(copy)
     for index in (0, 7):
         a, b = first.read_episode(index), second.read_episode(index)
@@ -191,6 +191,6 @@ def test_killed_collect_keeps_every_finished_episode_on_object_storage(s3):
 
 
 def _episodes(uri: str) -> int:
-    if not location.exists(f"{uri}/_versions"):
+    if not location.exists(location.as_location(f"{uri}/_versions")):
         return 0
     return open_reader(uri).num_episodes
