@@ -259,3 +259,54 @@ def test_upstreams_own_loader_reads_the_export(swm_dataset, tmp_path, suffix):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "12 (2, 3, 32, 32) (2, 2)"
+
+
+# ------------------------------------------------------------------ Minari
+
+MINARI = FIXTURES / "minari"
+
+
+def test_minari_fixtures_open_in_swms_convention():
+    raw = h5py.File(MINARI / "pixels-raw/data/main_data.hdf5", "r")
+    imported, jpeg = read_all(MINARI / "pixels-raw"), read_all(MINARI / "pixels-jpeg/data")
+    assert [len(e["pixels"]) for e in imported] == [6, 6, 6]  # T+1 observations become T+1 rows
+    for index, (episode, lossy) in enumerate(zip(imported, jpeg, strict=True)):
+        group = raw[f"episode_{index}"]
+        np.testing.assert_array_equal(episode["pixels"], group["observations"][()])
+        np.testing.assert_array_equal(episode["action"][:-1], group["actions"][()])
+        assert np.isnan(episode["action"][-1]).all()
+        np.testing.assert_array_equal(episode["reward"], np.r_[0, group["rewards"][()]])
+        np.testing.assert_array_equal(episode["truncated"], np.r_[False, group["truncations"][()]])
+        np.testing.assert_array_equal(lossy["action"], episode["action"])
+        assert np.abs(lossy["pixels"].astype(int) - episode["pixels"].astype(int)).mean() < 4
+    shown = json.loads(swm("info", MINARI / "pixels-jpeg", "--json").stdout)
+    assert shown["format"] == "minari" and shown["source_codec"] == "JPEG quality 75"
+    assert shown["mapping"]["observations"] == "pixels" and shown["resolution"] == 32
+
+
+def crafted_minari(root: Path, *, observations: int = 4, metadata: str = "{}", group: int = 0):
+    data = root / "data"
+    data.mkdir(parents=True)
+    (data / "metadata.json").write_text(metadata)
+    with h5py.File(data / "main_data.hdf5", "w") as file:
+        episode = file.create_group(f"episode_{group}")
+        episode["observations"] = np.zeros((observations, 3), np.float32)
+        episode["actions"] = np.zeros((3, 2), np.float32)
+        for name in ("rewards", "terminations", "truncations"):
+            episode[name] = np.zeros(3)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("crafted", "message"),
+    [
+        ({"observations": 3}, "not 4"),  # Minari holds T+1 observations
+        ({"metadata": "\x80\x04pickle"}, "not JSON"),
+        ({"group": 7}, "not episode_0..N-1"),
+    ],
+)
+def test_damaged_minari_is_one_line(tmp_path, crafted, message):
+    path = crafted_minari(tmp_path / "dataset", **crafted)
+    result = swm("info", path)
+    assert result.exit_code == 1 and result.output.startswith("error:"), result.output
+    assert message in result.output
