@@ -310,3 +310,76 @@ def test_damaged_minari_is_one_line(tmp_path, crafted, message):
     result = swm("info", path)
     assert result.exit_code == 1 and result.output.startswith("error:"), result.output
     assert message in result.output
+
+
+# ------------------------------------------------------------------ LeRobot v3
+
+LEROBOT = FIXTURES / "lerobot" / "dots"
+
+
+def test_lerobot_fixture_opens_in_swms_convention():
+    import pyarrow.parquet as pq
+
+    data = pq.read_table(LEROBOT / "data/chunk-000/file-000.parquet").to_pydict()
+    reader = open_reader(LEROBOT)
+    assert reader.format == "lerobot" and reader.metadata["source_codec"] == "h264 video"
+    assert reader.metadata["mapping"]["observation.state"] == "proprio"
+    for index in range(3):
+        episode, rows = reader.read_episode(index), slice(8 * index, 8 * index + 8)
+        assert episode["pixels"].shape == (8, 32, 32, 3)
+        np.testing.assert_array_equal(episode["action"][:-1], data["action"][rows][:-1])
+        assert np.isnan(episode["action"][-1]).all()
+        np.testing.assert_array_equal(episode["reward"], np.r_[0, data["next.reward"][rows][:-1]])
+        assert episode["terminated"][-1] and not episode["terminated"][:-1].any()
+    rows = np.array([20, 3, 9, 23, 0])  # a DataLoader's random rows: each frame by its timestamp
+    together = reader.read_rows("pixels", rows)
+    for row, frame in zip(rows, together, strict=True):
+        np.testing.assert_array_equal(frame, reader.read_rows("pixels", np.array([row]))[0])
+    reader.close()
+
+
+def crafted_lerobot(tmp_path: Path, edit) -> Path:
+    import shutil
+
+    root = tmp_path / "dots"
+    shutil.copytree(LEROBOT, root)
+    info = json.loads((root / "meta/info.json").read_text())
+    edit(info)
+    (root / "meta/info.json").write_text(json.dumps(info))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda i: i.update(data_path="../../{chunk_index}/x.parquet"), "outside the dataset"),
+        (lambda i: i.update(data_path="{chunk_index.__class__}"), "names the field"),
+        (lambda i: i.update(total_frames=10**12), "counts 1000000000000 frames"),
+        (lambda i: i["features"]["observation.image"].update(shape=[64, 64, 3]), "not the (64"),
+        (lambda i: i["features"]["observation.image"].update(shape=[9000, 9000, 3]), "shape"),
+    ],
+)
+def test_hostile_lerobot_is_one_line(tmp_path, edit, message):
+    root = crafted_lerobot(tmp_path, edit)
+    result = swm("convert", root, tmp_path / "out.lance")
+    assert result.exit_code == 1 and result.output.startswith("error:"), result.output
+    assert message in result.output and not (tmp_path / "out.lance").exists()
+
+
+ALL_FIXTURES = [
+    *(UPSTREAM / version / name for version in ("0.1.1", "main") for name in ("tworoom.lance",
+                                                                               "tworoom.h5")),
+    MINARI / "pixels-jpeg", MINARI / "pixels-raw", LEROBOT,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ALL_FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_fixture_works_with_no_flag_but_its_path(path, tmp_path):
+    assert swm("info", path).exit_code == 0
+    result = swm("convert", path, tmp_path / "copy.h5")
+    assert result.exit_code == 0, result.output
+    if path.parent == MINARI or path == LEROBOT:  # (stable-worldmodel's: in the convert test)
+        result = swm("train", "--data", path, "--steps", "2", "--batch-size", "2", "--history-len",
+                     "2", "--frameskip", "1", "--set", "eval.heldout_episodes=1",
+                     "--out", tmp_path / "run")  # fmt: skip
+        assert result.exit_code == 0, result.output
