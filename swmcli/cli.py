@@ -25,7 +25,7 @@ app = typer.Typer(
     epilog="Quick start: swm collect --preset tiny && swm train --preset tiny "
     "&& swm eval runs/tiny",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
@@ -113,6 +113,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "warmup_steps": "online.warmup_steps",
         "record": "online.record",
         "nproc": "runtime.nproc",
+        "logger": "train.loggers",
     },
     "eval": {
         "protocol": "eval.protocol",
@@ -477,6 +478,13 @@ def train(
         ),
     ] = None,
     nproc: Nproc = None,
+    logger: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="also log to tensorboard and/or wandb (repeat the flag, or a comma list); "
+            "metrics.jsonl is always written"
+        ),
+    ] = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,
