@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loader import (  # noqa: E402  (benchmarks/loader.py: the same rows, the same settings)
+from loader import (  # benchmarks/loader.py: the same rows, the same settings
     ROOT,
     drop_from_page_cache,
     load_synth,
@@ -34,9 +34,9 @@ from loader import (  # noqa: E402  (benchmarks/loader.py: the same rows, the sa
     stream_in_child,
 )
 
-from swmcli.core.data import load_dataset  # noqa: E402
-from swmcli.core.storage import nbytes_under, open_writer  # noqa: E402
-from swmcli.memory.measure import peak_rss_bytes  # noqa: E402
+from swmcli.core.data import load_dataset
+from swmcli.core.storage import nbytes_under, open_writer
+from swmcli.memory.measure import peak_rss_bytes
 
 
 def write_upstream_layout(args, scratch: Path) -> Path:
@@ -127,7 +127,8 @@ def run(args, scratch: Path) -> None:
     print(
         f"swm convert: {convert_seconds:.1f} s for {args.episodes * args.length} steps, "
         f"peak RSS {convert_peak / 2**20:.0f} MiB; on disk: upstream "
-        f"{nbytes_under(source) / 2**20:.1f} MiB, converted {nbytes_under(converted) / 2**20:.1f} MiB"
+        f"{nbytes_under(source) / 2**20:.1f} MiB, "
+        f"converted {nbytes_under(converted) / 2**20:.1f} MiB"
     )
 
 
