@@ -20,11 +20,12 @@ def step_target(settings) -> int | None:
     """Steps to collect: ``--steps``; else none with ``--episodes``; else the buffer's worth."""
     if settings.steps is not None:
         return settings.steps
-    return None if settings.episodes is not None else settings.max_steps
+    return None if settings.episodes is not None else settings.buffer_steps
 
 
 def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
-    """Collect ``--episodes`` episodes, or exactly ``--steps`` (default: ``--max-steps``) steps."""
+    """Collect ``--episodes`` episodes, or exactly ``--steps`` steps (default: the buffer's
+    worth, ``--buffer-steps``)."""
     from swmcli.core.buffer import ReplayBuffer
     from swmcli.core.interrupts import deferred_interrupts
     from swmcli.core.storage import open_writer
@@ -38,7 +39,7 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         )
         make_policy(settings.policy, env, settings.seed)  # refuses a policy the env cannot run
         action_dim = action_dim_of(env)
-        buffer = ReplayBuffer(settings.max_steps, seed=settings.seed)
+        buffer = ReplayBuffer(settings.buffer_steps, seed=settings.seed)
         # A first row triggers the buffer's preflight and allocation before anything is written
         # (without asking the policy, whose seeded stream the rollouts then start from).
         obs, _ = env.reset(seed=settings.seed)
@@ -94,7 +95,7 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
             "evicted_episodes": buffer.evicted_episodes,
             "steps_per_s": round(steps / max(seconds, 1e-9), 1),
             "buffer_allocated_bytes": buffer.nbytes,
-            "buffer_cap_bytes": settings.max_steps * buffer.bytes_per_step,
+            "buffer_cap_bytes": settings.buffer_steps * buffer.bytes_per_step,
             "dataset_episodes": reader.num_episodes,
             "dataset_steps": reader.num_steps,
             "dataset_on_disk_bytes": reader.nbytes_on_disk,

@@ -5,6 +5,7 @@ The copy itself (streamed, verified by checksums, renamed into place) is
 """
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from swmcli.report import CommandResult, Table, progress
@@ -16,14 +17,16 @@ def run_convert(
     to: str | None = None,
     keys: list[str] | None = None,
     overwrite: bool = False,
+    monitor=None,
 ) -> CommandResult:
     """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given, with a progress bar; the result names both sizes.
+    ``monitor`` (a MemoryMonitor) measures it as the phase "convert".
     """
     from swmcli.core.storage.copy import copy_dataset
 
     started = time.perf_counter()
-    with progress("convert", total=_episode_count(src)) as advance:
+    with _phase(monitor, "convert"), progress("convert", total=_episode_count(src)) as advance:
         copied = copy_dataset(
             src, dst, to=to, keys=keys, overwrite=overwrite, on_episode=lambda *_: advance(1)
         )
@@ -52,11 +55,21 @@ def _episode_count(path: str | Path) -> int:
         reader.close()
 
 
-def run_info(path: str | Path, verify: bool = False) -> CommandResult:
+def _phase(monitor, name: str):
+    return monitor.phase(name) if monitor is not None else nullcontext()
+
+
+def run_info(path: str | Path, verify: bool = False, monitor=None) -> CommandResult:
     """What ``swm info PATH`` shows: format, episodes, steps, bytes on disk and per step, the
     metadata, and a table of keys with their per-row dtype and shape. ``verify`` first reads
-    every episode against its checksums and fails naming the damaged ones.
+    every episode against its checksums and fails naming the damaged ones. ``monitor`` (a
+    MemoryMonitor) measures it as the phase "inspect".
     """
+    with _phase(monitor, "inspect"):
+        return _info(path, verify)
+
+
+def _info(path: str | Path, verify: bool) -> CommandResult:
     import numpy as np
 
     from swmcli.core.storage import open_reader
