@@ -93,7 +93,7 @@ def _run(
     ``config`` (preset, file, sets, settings) the resolved config is its ``cfg``."""
     from swmcli import report
     from swmcli.config import resolve_config
-    from swmcli.core.memory import MemoryMonitor
+    from swmcli.memory.measure import MemoryMonitor
 
     with error_boundary():
         if config is not None:

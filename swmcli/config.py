@@ -45,6 +45,23 @@ def _dataset_location(value: Any) -> Any:
 
 Format = Literal["lance", "hdf5", "folder"]
 
+
+def _policy_name(*names: str):
+    """A validator: one of ``names``, or ``module:factory`` (a callable of the user's own)."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str) and (value in names or _is_module_attribute(value)):
+            return value
+        raise ValueError(f"use one of: {', '.join(names)}, or module:factory")
+
+    return BeforeValidator(check)
+
+
+def _is_module_attribute(value: str) -> bool:
+    module, sep, attribute = value.partition(":")
+    return bool(sep) and all(part.isidentifier() for part in [*module.split("."), attribute])
+
+
 # A dataset's place: a local Path, or an object-store URI kept as the string it is (pathlib
 # would fold ``s3://`` into ``s3:/``); storage checks the URI when it opens it.
 DatasetPath = Annotated[Path | str, BeforeValidator(_dataset_location)]
@@ -59,7 +76,12 @@ class EnvConfig(Section):
     """The gymnasium environment experience comes from."""
 
     id: str = Field(
-        "swm/TwoRoom-v0", description="gymnasium env id", json_schema_extra=flag("--env")
+        "swm/TwoRoom-v0",
+        description="gymnasium env id; module:Id imports module first (it registers the env)",
+        json_schema_extra=flag("--env"),
+    )
+    kwargs: dict[str, Any] = Field(
+        {}, description="keyword arguments of gymnasium.make for this env (preset or --set)"
     )
     resolution: PositiveInt = Field(64, description="square frame side in pixels")
     max_episode_steps: PositiveInt = Field(100, description="an episode is truncated after this")
@@ -79,8 +101,10 @@ class CollectConfig(Section):
         description="the collect ReplayBuffer's capacity in steps (host RAM); without "
         "--episodes or --steps, collect stops once this many steps are written",
     )
-    policy: Literal["expert", "random"] = Field(
-        "expert", description="who picks the actions: expert or random"
+    policy: Annotated[str, _policy_name("expert", "random")] = Field(
+        "expert",
+        description="who picks the actions: expert, random, or module:factory (factory(env, "
+        "seed) returns observation -> action)",
     )
     random_episodes: int = Field(
         0,
@@ -226,10 +250,11 @@ class OnlineConfig(Section):
         description="collect in the env while training (--env ID)",
         json_schema_extra=flag("--online"),
     )
-    policy: Literal["expert", "random", "planner"] = Field(
+    policy: Annotated[str, _policy_name("expert", "random", "planner")] = Field(
         "expert",
-        description="who picks the actions online: expert, random, or planner (the model being "
-        "trained plans toward the env's goal with the eval planner settings, plus noise)",
+        description="who picks the actions online: expert, random, planner (the model being "
+        "trained plans toward the env's goal with the eval planner settings, plus noise), or "
+        "module:factory",
     )
     noise: float = Field(
         0.3, ge=0, description="Gaussian noise (std, action units) added to planned actions"

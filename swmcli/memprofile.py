@@ -2,7 +2,7 @@
 
 Prediction runs one training step (forward, backward, clip, AdamW step: twice, so optimizer
 state exists) and one eval step of the configured world model on fake tensors, and reports the
-peak of live tensor bytes by category (``swmcli.core.tracing.trace_step_peak``). Each technique is
+peak of live tensor bytes by category (``swmcli.memory.trace.trace_step_peak``). Each technique is
 one row: fp32 vs bf16 autocast, train vs eval with gradients vs gradient-free eval, frameskip and
 history length, batch size; torch.compile cannot be traced on fake CPU tensors and is measured on
 a GPU. On a GPU every row is also run for real after a warm-up step and its allocator peaks are
@@ -21,16 +21,8 @@ from typing import Any
 import numpy as np
 
 from swmcli.config import SwmConfig
-from swmcli.core.tracing import (
-    ALLOCATOR_OVERHEAD,
-    CATEGORIES,
-    CUDA_CONTEXT_BYTES,
-    CUDA_WORKSPACE_BYTES,
-    StepPeak,
-    cuda_allowance_bytes,
-)
 from swmcli.errors import SwmError, UsageError
-from swmcli.prediction import (
+from swmcli.memory.predict import (
     PeakPredictor,
     Variant,
     clip_batch,
@@ -39,6 +31,14 @@ from swmcli.prediction import (
     eval_step,
     largest_fitting,
     train_step,
+)
+from swmcli.memory.trace import (
+    ALLOCATOR_OVERHEAD,
+    CATEGORIES,
+    CUDA_CONTEXT_BYTES,
+    CUDA_WORKSPACE_BYTES,
+    StepPeak,
+    cuda_allowance_bytes,
 )
 from swmcli.report import CommandResult, Table
 from swmcli.rollout import sample_episodes
@@ -273,7 +273,7 @@ def _fit_budget(cfg: SwmConfig, predictor: PeakPredictor, rows: list[Row]):
 
 def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, Any]:
     from swmcli.core.buffer import ReplayBuffer, step_bytes
-    from swmcli.core.memory import available_host_bytes
+    from swmcli.memory.measure import available_host_bytes
 
     peak = predictor.predict(_configured(cfg)).peak_bytes
     model = predictor.model(cfg.data.history_len, cfg.data.frameskip)

@@ -240,8 +240,10 @@ def emit(result: CommandResult, memory, as_json: bool) -> None:
     console.print(_fields_table(result))
     for spec in result.tables:
         console.print(_rich_table(spec))
+    from rich.markup import escape
+
     for note in result.notes:
-        console.print(f"[dim]{note}[/dim]")
+        console.print(f"[dim]{escape(note)}[/dim]")
     console.print(memory_panel(memory))
 
 

@@ -91,6 +91,10 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world) -> SwmC
     if cfg.online.enabled and cfg.online.record is not None:
         # `swm eval RUN_DIR` reads held-out episodes from the data the run recorded.
         cfg = with_settings(cfg, {"data.path": cfg.online.record})
+    if not cfg.online.enabled:  # the run plays the env its data came from (`swm eval RUN_DIR`)
+        from swmcli.rollout import env_of_dataset
+
+        cfg = env_of_dataset(cfg)
     from swmcli.core.storage import location
 
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
@@ -287,13 +291,13 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
     """``run_train``'s work, as one rank of ``world``."""
     from swmcli.core import distributed
     from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
+    from swmcli.memory.predict import check_training_fits
     from swmcli.models.checkpoint import (
         load_checkpoint,
         restore_model,
         restore_rng,
         save_checkpoint,
     )
-    from swmcli.prediction import check_training_fits
 
     cfg = _prepare_run(cfg, resume, steps, world)
     run_dir = Path(cfg.train.out)
@@ -484,7 +488,7 @@ def rank_peaks(every_rank: list) -> list:
     largest of them (what one device must hold)."""
     from dataclasses import replace
 
-    from swmcli.core.memory import combined_peak
+    from swmcli.memory.measure import combined_peak
 
     rows = []
     for rank, phases in enumerate(every_rank):

@@ -48,7 +48,7 @@ def test_every_preset_builds_its_model(name):
 def test_lewm_preset_mirrors_lewm_and_its_predicted_peak_fits_24_gib():
     import numpy as np
 
-    from swmcli.prediction import PeakPredictor, Variant
+    from swmcli.memory.predict import PeakPredictor, Variant
 
     cfg = resolve_config(preset="lewm-224")
     model, data, train = cfg.model, cfg.data, cfg.train

@@ -20,15 +20,15 @@ from typer.testing import CliRunner
 from swmcli.cli import app
 from swmcli.config import resolve_config
 from swmcli.core.buffer import step_bytes
-from swmcli.core.memory import LiveTensorBytes, MemoryMonitor
-from swmcli.core.tracing import (
+from swmcli.memory.measure import LiveTensorBytes, MemoryMonitor
+from swmcli.memory.predict import PeakPredictor, Variant, largest_fitting
+from swmcli.memory.trace import (
     CategorisedLiveBytes,
     cuda_allowance_bytes,
     cuda_autocast_on_cpu,
     trace_step_peak,
 )
 from swmcli.memprofile import measure_rows, run_memprofile, technique_rows
-from swmcli.prediction import PeakPredictor, Variant, largest_fitting
 from swmcli.rollout import sample_episodes
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

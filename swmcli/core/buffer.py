@@ -25,10 +25,10 @@ from swmcli.core.clips import (
     locate_clips,
     observation_rows,
 )
-from swmcli.core.memory import available_host_bytes
 from swmcli.core.spares import Spares
 from swmcli.core.storage import Schema, describe_schema
 from swmcli.errors import BudgetExceeded, OutOfRangeError, UsageError
+from swmcli.memory.measure import available_host_bytes
 from swmcli.units import format_bytes, format_gb
 
 _SPARES_PER_KEY = 2  # a loop holds the batch it works on while the next one is gathered

@@ -41,7 +41,6 @@ from swmcli.core.clips import (
     fold_actions,
     observation_rows,
 )
-from swmcli.core.memory import available_host_bytes, keep_freed_memory
 from swmcli.core.spares import Spares
 from swmcli.core.storage import (
     check_keys,
@@ -53,6 +52,7 @@ from swmcli.core.storage import (
     read_ahead,
 )
 from swmcli.errors import OutOfRangeError, SwmError, UsageError
+from swmcli.memory.measure import available_host_bytes, keep_freed_memory
 
 
 class ClipDataset(Dataset):
