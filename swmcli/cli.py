@@ -18,7 +18,7 @@ import typer
 
 from swmcli import __version__
 from swmcli.errors import SwmError, describe_unexpected
-from swmcli.options import SwmGroup, add_command
+from swmcli.options import Sets, SwmGroup, add_command
 
 app = typer.Typer(
     name="swm",
@@ -33,20 +33,6 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-Preset = Annotated[
-    str | None, typer.Option("--preset", help="a preset from presets/: tiny, tworoom-64, ...")
-]
-ConfigFile = Annotated[
-    Path | None, typer.Option("--config", help="a TOML (or config.json) file of settings")
-]
-Sets = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--set",
-        metavar="SECTION.KEY=VALUE",
-        help="override one setting, e.g. --set train.lr=1e-3 (repeatable)",
-    ),
-]
 Json = Annotated[bool, typer.Option("--json", help="print the result as one JSON object")]
 
 
@@ -129,13 +115,11 @@ def _root(
 )
 def collect(
     settings: dict,
-    preset: Preset = None,
-    config: ConfigFile = None,
-    set_: Sets = None,
+    sources: tuple,
     as_json: Json = False,
 ) -> None:
     """Roll out a policy through the capped ReplayBuffer; append finished episodes to a dataset."""
-    _run("swmcli.collect:run_collect", as_json, config=(preset, config, set_, settings))
+    _run("swmcli.collect:run_collect", as_json, config=(*sources, settings))
 
 
 @command(
@@ -200,6 +184,7 @@ def info(
 )
 def train(
     settings: dict,
+    sources: tuple,
     resume: Annotated[
         bool,
         typer.Option(
@@ -207,9 +192,6 @@ def train(
             help="continue from the run's checkpoint with its saved config (--steps may extend it)",
         ),
     ] = False,
-    preset: Preset = None,
-    config: ConfigFile = None,
-    set_: Sets = None,
     as_json: Json = False,
 ) -> None:
     """Train a world model from clips streamed from disk, held in memory, or collected online;
@@ -218,7 +200,7 @@ def train(
     _run(
         "swmcli.train:run_train",
         as_json,
-        config=(preset, config, set_, settings),
+        config=(*sources, settings),
         track_tensors=True,
         resume=resume,
         steps=settings["train.steps"],
@@ -264,21 +246,20 @@ def eval_(
 )
 def memprofile(
     settings: dict,
+    sources: tuple,
     run: Annotated[Path | None, typer.Option(help="profile a trained run's config")] = None,
     snapshot: Annotated[
         Path | None, typer.Option(help="write a CUDA memory snapshot (GPU)")
     ] = None,
-    preset: Preset = None,
-    config: ConfigFile = None,
-    set_: Sets = None,
     as_json: Json = False,
 ) -> None:
     """Predict (CPU) and measure (GPU) peak memory per technique; the largest batch that fits."""
+    preset, config, sets = sources
     config = run / "config.json" if run is not None else config
     _run(
         "swmcli.memprofile:run_memprofile",
         as_json,
-        config=(preset, config, set_, settings),
+        config=(preset, config, sets, settings),
         snapshot=snapshot,
     )
 

@@ -100,6 +100,23 @@ def _keyword(dotted: str, annotation: Any) -> inspect.Parameter:
     )
 
 
+# Where a command's settings come from, for a function that takes ``sources``: they reach it as
+# the tuple (preset, config file, --set items); an eval only takes --set.
+Preset = Annotated[
+    str | None, typer.Option("--preset", help="a preset from presets/: tiny, tworoom-64, ...")
+]
+ConfigFile = Annotated[
+    Path | None, typer.Option("--config", help="a TOML (or config.json) file of settings")
+]
+Sets = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="SECTION.KEY=VALUE",
+        help="override one setting, e.g. --set train.lr=1e-3 (repeatable)",
+    ),
+]
+SOURCES = {"preset": Preset, "config": ConfigFile, "set_": Sets}
 TYPE_WORDS = {"int": "INTEGER", "float": "NUMBER", "Path": "PATH", "str": "TEXT", "bool": ""}
 
 
@@ -118,11 +135,9 @@ class SwmGroup(TyperGroup):
 
 @contextmanager
 def _usage_errors() -> Iterator[None]:
-    from typer._click.exceptions import UsageError as ClickUsageError
-
     try:
         yield
-    except ClickUsageError as err:
+    except typer.BadParameter.__base__ as err:  # click's UsageError, vendored by new typers
         from swmcli import report
 
         path = err.ctx.command_path if err.ctx else "swm"
@@ -158,18 +173,32 @@ def add_command(
     """Register ``func`` as ``app``'s command ``name``: its own parameters plus, for a command in
     ``SETTINGS``, one option per setting, which reach it as the dict ``settings``
     (``{"section.key": value}``, None where not given); ``examples`` end its ``--help``."""
-    parameters = inspect.signature(func).parameters.values()
-    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in parameters]
-    own = [p for p in own if p.name != "settings"]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    parameters = inspect.signature(func).parameters
+    own = [p.replace(kind=keyword) for p in parameters.values()]
+    own = [p for p in own if p.name not in ("settings", "sources")]
     arguments = [p for p in own if p.default is inspect.Parameter.empty]
     settings = settings_options(name, default_note) if name in SETTINGS else {}
+    sources = (
+        {
+            key: inspect.Parameter(key, keyword, default=None, annotation=option)
+            for key, option in SOURCES.items()
+        }
+        if "sources" in parameters
+        else {}
+    )
 
     def run_command(**values: Any) -> None:
-        chosen = {dotted: values.pop(option.name) for dotted, option in settings.items()}
-        func(**values, **({"settings": chosen} if settings else {}))
+        given = {}
+        if settings:
+            given["settings"] = {dotted: values.pop(o.name) for dotted, o in settings.items()}
+        if sources:
+            given["sources"] = tuple(values.pop(key) for key in sources)
+        func(**values, **given)
 
     rest = [p for p in own if p not in arguments]
-    run_command.__signature__ = inspect.Signature([*arguments, *settings.values(), *rest])
+    options = [*settings.values(), *sources.values(), *rest]
+    run_command.__signature__ = inspect.Signature([*arguments, *options])
     run_command.__doc__ = func.__doc__
     epilog = "Examples:\n\n" + "\n\n".join(f"  {example}" for example in examples)
     app.command(name, cls=_HelpInWords, epilog=epilog)(run_command)
