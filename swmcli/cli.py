@@ -34,6 +34,11 @@ app = typer.Typer(
 )
 
 Json = Annotated[bool, typer.Option("--json", help="print the result as one JSON object")]
+# Another tool's dataset (stable-worldmodel, Minari): its column SRC read as swm's key DST.
+MapOption = Annotated[
+    list[str] | None,
+    typer.Option("--map", help="SRC=DST: another tool's column SRC as key DST (SRC= drops it)"),
+]
 
 
 def command(name: str, *examples: str, default_note: str | None = None) -> Callable:
@@ -128,6 +133,8 @@ def collect(
     "swm convert data/tworoom.h5 data/frames --to folder --keys pixels,action",
     "swm convert data/a.lance data/a.h5 --overwrite",
     "swm convert s3://swm-bucket/tworoom/tiny.lance data/tiny.h5",
+    "swm convert data/pusht_expert.lance data/pusht.lance   # stable-worldmodel's, into swm",
+    "swm convert data/tiny.lance data/tiny-upstream.h5 --layout stable-worldmodel",
 )
 def convert(
     src: Annotated[str, typer.Argument(help="dataset (path or s3:// URI) to read, never modified")],
@@ -139,6 +146,11 @@ def convert(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="replace DST if it exists")
     ] = False,
+    map_: MapOption = None,
+    layout: Annotated[
+        str,
+        typer.Option(help="swm, or stable-worldmodel (its Lance or HDF5 layout, by DST suffix)"),
+    ] = "swm",
     as_json: Json = False,
 ) -> None:
     """Convert a dataset between formats: streamed, verified by checksums, renamed into place."""
@@ -151,6 +163,8 @@ def convert(
         to=to,
         keys=key_list,
         overwrite=overwrite,
+        mapping=map_,
+        layout=layout,
     )
 
 
@@ -165,10 +179,11 @@ def info(
     verify: Annotated[
         bool, typer.Option("--verify", help="read every episode against its checksums")
     ] = False,
+    map_: MapOption = None,
     as_json: Json = False,
 ) -> None:
     """Show a dataset: format, episodes, steps, keys with dtypes and shapes, bytes on disk."""
-    _run("swmcli.convert:run_info", as_json, path=path, verify=verify)
+    _run("swmcli.convert:run_info", as_json, path=path, verify=verify, mapping=map_)
 
 
 @command(
