@@ -240,6 +240,21 @@ class TrainConfig(Section):
     out: Path = Field(Path("runs/tworoom"), description="run directory")
     checkpoint_every: PositiveInt = Field(100, description="steps between atomic checkpoints")
     log_every: PositiveInt = Field(10, description="steps between metrics lines")
+    loggers: list[Literal["tensorboard", "wandb"]] = Field(
+        [],
+        description="also log to tensorboard and/or wandb (repeat the flag, or a comma list); "
+        "metrics.jsonl is always written",
+        json_schema_extra=flag("--logger"),
+    )
+
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value
+        names = [name.strip() for item in items for name in str(item).split(",")]
+        return list(dict.fromkeys(name for name in names if name))
 
 
 class OnlineConfig(Section):

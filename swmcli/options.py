@@ -29,7 +29,7 @@ SETTINGS = {
         "runtime.bf16", "runtime.compile", "train.out", "train.seed", "data.in_memory",
         "data.ram_budget", "data.memory_steps", "online.enabled", "env.id", "online.policy",
         "online.updates_per_step", "online.warmup_steps", "online.ring_steps", "online.record",
-        "runtime.nproc",
+        "runtime.nproc", "train.loggers",
     ),
     "eval": (
         "eval.protocol", "eval.episodes", "eval.goal_offset", "eval.step_budget", "eval.planner",
@@ -70,6 +70,8 @@ def _value_type(field) -> type:
     """What the command line reads for ``field``: bool, int, float or Path, else text (a
     choice, a size such as 8GiB, a path or s3:// URI alike); the config validates it."""
     annotation = field.annotation
+    if get_origin(annotation) is list:  # a repeatable flag
+        return list[str]
     union = get_origin(annotation) in (Union, UnionType)
     kinds = set(get_args(annotation)) - {NoneType} if union else {annotation}
     kinds = {get_args(k)[0] if get_origin(k) is Annotated else k for k in kinds}  # PositiveInt
@@ -85,7 +87,7 @@ def _setting_option(dotted: str, default_note: str | None) -> inspect.Parameter:
     kind = _value_type(field)
     name = "--" + dotted.split(".")[1].replace("_", "-")
     spelled = extra.get("flag") or (f"{name}/--no-{name[2:]}" if kind is bool else name)
-    if default_note is None and field.default is not None:
+    if default_note is None and field.default not in (None, []):
         on, _, off = spelled.partition("/")  # a switch's default reads as its flag: --fp32
         default_note = (on if field.default else off) if kind is bool else str(field.default)
     note = f" (default: {default_note})" if default_note else ""
