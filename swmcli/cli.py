@@ -482,6 +482,8 @@ def train(
         resume=resume,
         steps=steps,
         json_output=as_json,
+        given_flags=flags,  # what --resume may change (the rest is refused, not dropped)
+        given_sets=set_,
     )
 
 
