@@ -2,13 +2,13 @@
 so text stays text as often as not) at each given offset of one file of a copy of a run
 directory, then read the run as eval and ``--resume`` do.
 
-Prints one line per offset: ``OFFSET error MESSAGE`` (a clean one-line SwmError), ``OFFSET intact``
-(everything read back equal to the intact run: config, weights, optimizer, step, data check), or
-``OFFSET SILENT`` (read without an error, but something differs). ``metrics.jsonl`` is a log, not
-verified: it is trimmed and drawn as a resume does (no error may escape), not compared. Dying or
-hanging is what the caller watches for.
+Prints one line per flip: ``FILE:OFFSET error MESSAGE`` (a clean one-line SwmError),
+``FILE:OFFSET intact`` (everything read back equal to the intact run: config, weights, optimizer,
+step, data check), or ``FILE:OFFSET SILENT`` (read without an error, but something differs).
+``metrics.jsonl`` is a log, not verified: it is trimmed and drawn as a resume does (no error may
+escape), not compared. Dying or hanging is what the caller watches for.
 
-    python tests/run_flip_sweep.py RUN_DIR FILE WORK_DIR OFFSET...
+    python tests/run_flip_sweep.py RUN_DIR WORK_DIR FILE:OFFSET...
 """
 
 import shutil
@@ -21,19 +21,20 @@ from swmcli.models.checkpoint import check_data_fingerprint, load_checkpoint
 from swmcli.train import METRICS_FILE, draw_loss_curve, trim_metrics
 
 
-def read_run(run_dir: Path, fingerprint: dict | None) -> tuple:
+def read_run(run_dir: Path, fingerprint: dict, metrics: bool) -> tuple:
     """What eval and a resume read from ``run_dir``: the configs they run with, the checkpoint
-    (tensors, step), and the data fingerprint check against the intact run's data."""
+    (tensors, step), the data fingerprint check against the intact run's data, and (``metrics``)
+    the metrics a resume trims and draws."""
     evaluated = load_run_config(run_dir).model_dump(exclude={"train": {"out"}})
     resumed = resume_config(run_dir, {"train.out": run_dir}).model_dump(exclude={"train": {"out"}})
     state = load_checkpoint(run_dir)
-    if fingerprint is not None:
-        check_data_fingerprint(run_dir, fingerprint, state, write=False)
-    metrics = run_dir.parent / "metrics-copy"
-    metrics.mkdir(exist_ok=True)
-    shutil.copy(run_dir / METRICS_FILE, metrics / METRICS_FILE)
-    trim_metrics(metrics / METRICS_FILE, state["step"])
-    draw_loss_curve(metrics / METRICS_FILE, metrics / "curve.png")
+    check_data_fingerprint(run_dir, fingerprint, state, write=False)
+    if metrics:
+        trimmed = run_dir.parent / "metrics-copy"
+        trimmed.mkdir(exist_ok=True)
+        shutil.copy(run_dir / METRICS_FILE, trimmed / METRICS_FILE)
+        trim_metrics(trimmed / METRICS_FILE, state["step"])
+        draw_loss_curve(trimmed / METRICS_FILE, trimmed / "curve.png")
     return evaluated, resumed, state
 
 
@@ -52,22 +53,24 @@ def same(a, b) -> bool:
 def main() -> None:
     import json
 
-    source, relative, work = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+    source, work = Path(sys.argv[1]), Path(sys.argv[2])
     fingerprint = json.loads((source / "data.json").read_text())
-    original = read_run(source, fingerprint)
+    original = read_run(source, fingerprint, metrics=False)
     copy = work / source.name
     shutil.rmtree(copy, ignore_errors=True)
     shutil.copytree(source, copy)
-    target = copy / relative
-    for offset in map(int, sys.argv[4:]):
+    for flip in sys.argv[3:]:
+        relative, _, offset = flip.rpartition(":")
+        target, offset = copy / relative, int(offset)
         with target.open("r+b") as handle:
             handle.seek(offset)
             byte = handle.read(1)[0]
             handle.seek(offset)
             handle.write(bytes([byte ^ (1 << offset % 8)]))
-        print(offset, end=" ", flush=True)
+        print(flip, end=" ", flush=True)
         try:
-            print("intact" if same(read_run(copy, fingerprint), original) else "SILENT", flush=True)
+            now = read_run(copy, fingerprint, metrics=relative == METRICS_FILE)
+            print("intact" if same(now, original) else "SILENT", flush=True)
         except SwmError as error:
             print("error", error.message.replace("\n", " ")[:200], flush=True)
         with target.open("r+b") as handle:  # back to the intact byte for the next offset
