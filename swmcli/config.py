@@ -92,9 +92,7 @@ class DataConfig(Section):
     path: DatasetPath = Field(
         Path("data/tworoom.lance"), description="dataset (path or s3:// URI) to stream clips from"
     )
-    history_len: int = Field(
-        3, ge=2, description="observations per clip (the model predicts each from the ones before)"
-    )
+    history_len: int = Field(3, ge=2, description="observations per clip")
     frameskip: PositiveInt = Field(5, description="observation stride; actions stay dense")
     num_workers: int = Field(
         2, ge=0, description="readers of the streamed data (0: read between training steps)"

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from swmcli.config import load_run_config, resume_config
+from swmcli.core.storage import open_reader
 from swmcli.errors import SwmError
 from swmcli.models.checkpoint import check_data_fingerprint, load_checkpoint
 from swmcli.train import METRICS_FILE, draw_loss_curve, trim_metrics
@@ -28,6 +29,7 @@ def read_run(run_dir: Path, fingerprint: dict, metrics: bool) -> tuple:
     evaluated = load_run_config(run_dir).model_dump(exclude={"train": {"out"}})
     resumed = resume_config(run_dir, {"train.out": run_dir}).model_dump(exclude={"train": {"out"}})
     state = load_checkpoint(run_dir)
+    open_reader(evaluated["data"]["path"]).close()  # eval and resume open the run's data
     check_data_fingerprint(run_dir, fingerprint, state, write=False)
     if metrics:
         trimmed = run_dir.parent / "metrics-copy"

@@ -132,6 +132,10 @@ def test_a_damaged_or_edited_config_json_is_named(run_copy):
     load_run_config(run_copy)  # a valid config: only the checkpoint can tell it changed
     with pytest.raises(CheckpointError, match=r"config.json is not the config .*train\.lr"):
         load_checkpoint(run_copy)
+    moved = json.loads(text)
+    moved["data"]["path"] = str(run_copy / "moved.lance")  # a moved dataset: eval checks it
+    config.write_text(json.dumps(moved))
+    assert load_checkpoint(run_copy)["step"] == 4
 
 
 def _swm(*args: str):

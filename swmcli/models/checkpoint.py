@@ -29,6 +29,7 @@ PREVIOUS_FILE = "checkpoint.prev.pt"
 DATA_FINGERPRINT_FILE = "data.json"
 FORMAT_VERSION = 1
 CHECKSUM_KEY = "checksum"  # sha256 of everything else in the checkpoint
+RELOCATABLE = {"data.path"}  # settings config.json may change after training (a moved dataset)
 
 
 def checkpoint_path(run_dir: Path) -> Path:
@@ -188,22 +189,31 @@ def _step_of(path: Path) -> str:
 
 
 def _check_config(run_dir: Path, state: dict[str, Any]) -> None:
-    """``config.json`` must be the config the checkpoint was written with, byte for byte."""
+    """``config.json`` must hold the settings the checkpoint was written with, but for
+    ``RELOCATABLE`` ones (a moved dataset: eval checks its frames, a resume its fingerprint)."""
     config_path = Path(run_dir) / CONFIG_FILE
     try:
         text = config_path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
+        if text == state["config"]:
+            return
+        now = flat_settings(json.loads(text))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise CheckpointError(
-            f"cannot read {config_path}: {first_line(err)}", hint=_config_hint(config_path)
+            f"{config_path} is damaged ({first_line(err)})", hint=_config_hint(config_path)
         ) from err
-    if text == state["config"]:
-        return
-    changed = _changed_keys(state["config"], text)
-    raise CheckpointError(
-        f"{config_path} is not the config {checkpoint_path(run_dir).name} was trained with "
-        f"(damaged or edited: {changed})",
-        hint=_config_hint(config_path),
+    trained = flat_settings(json.loads(state["config"]))
+    changed = sorted(
+        key
+        for key in trained.keys() | now.keys()
+        if trained.get(key) != now.get(key) and key not in RELOCATABLE
     )
+    if changed:
+        words = ", ".join(f"{k} {trained.get(k)!r} -> {now.get(k)!r}" for k in changed[:3])
+        raise CheckpointError(
+            f"{config_path} is not the config {CHECKPOINT_FILE} was trained with "
+            f"(damaged or edited: {words})",
+            hint=_config_hint(config_path),
+        )
 
 
 def _config_hint(config_path: Path) -> str:
@@ -211,18 +221,6 @@ def _config_hint(config_path: Path) -> str:
         f"restore {config_path.name}: {CHECKPOINT_FILE} holds its text "
         "(torch.load(...)['config']); eval settings change with flags or --set, not by editing it"
     )
-
-
-def _changed_keys(saved: str, now: str) -> str:
-    """Which settings differ between two config texts, in words."""
-    try:
-        before, after = flat_settings(json.loads(saved)), flat_settings(json.loads(now))
-    except (json.JSONDecodeError, RecursionError):
-        return "not valid JSON"
-    keys = sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
-    if not keys:
-        return "same settings, other text"
-    return ", ".join(f"{key} {before.get(key)!r} -> {after.get(key)!r}" for key in keys[:3])
 
 
 def check_data_fingerprint(
