@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swmcli.core.buffer import ReplayBuffer
-from swmcli.core.memory import available_host_bytes
+from swmcli.memory.measure import available_host_bytes
 
 HISTORY_LEN, FRAMESKIP, BATCH, EPISODE_LEN, ACTION_DIM = 4, 2, 64, 200, 2
 

@@ -48,8 +48,8 @@ sys.path.insert(0, str(ROOT))
 from swmcli.core.buffer import ReplayBuffer  # noqa: E402
 from swmcli.core.clips import action_rows, observation_rows  # noqa: E402
 from swmcli.core.data import load_dataset, make_loader  # noqa: E402
-from swmcli.core.memory import peak_rss_bytes  # noqa: E402
 from swmcli.core.storage import nbytes_under, open_reader, open_writer  # noqa: E402
+from swmcli.memory.measure import peak_rss_bytes  # noqa: E402
 from swmcli.units import format_bytes  # noqa: E402
 
 HISTORY_LEN, FRAMESKIP, BATCH, WORKERS, WARMUP = 4, 2, 64, 2, 2
@@ -317,7 +317,7 @@ def where_time_goes(name: str, path: Path, seed: int) -> None:
 
 CONVERT = """
 import sys, threading, time
-from swmcli.core.memory import peak_rss_bytes
+from swmcli.memory.measure import peak_rss_bytes
 from swmcli.core.storage.copy import copy_dataset
 samples, done = [], threading.Event()
 def sample():  # the peak so far, every 20 ms

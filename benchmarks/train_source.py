@@ -30,7 +30,7 @@ COLLECT = """
 import sys
 from swmcli.collect import run_collect
 from swmcli.config import resolve_config
-from swmcli.core.memory import MemoryMonitor
+from swmcli.memory.measure import MemoryMonitor
 flags = {"collect.out": sys.argv[1], "collect.episodes": int(sys.argv[2])}
 run_collect(resolve_config("tworoom-64", flags=flags), MemoryMonitor())
 """
@@ -52,7 +52,7 @@ def collect(out: Path, episodes: int) -> None:
 def train_row(cfg, in_memory: bool | None, run_dir: Path) -> dict:
     """One `swm train` run: its steady clips/s, its wall time and its losses."""
     from swmcli.config import with_settings
-    from swmcli.core.memory import MemoryMonitor
+    from swmcli.memory.measure import MemoryMonitor
     from swmcli.train import run_train
 
     if not cfg.online.enabled:
@@ -79,7 +79,7 @@ def online_row(cfg, scratch: Path) -> dict:
         "online.enabled": True,
         "online.record": scratch / "online.lance",
         "online.warmup_steps": cfg.train.batch_size,
-        "data.max_steps": 20_000,
+        "data.memory_steps": 20_000,
     }
     return train_row(with_settings(cfg, flags), None, scratch / "online")
 

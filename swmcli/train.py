@@ -27,6 +27,7 @@ from pathlib import Path
 
 from swmcli.config import CONFIG_FILE, SwmConfig, resume_config, save_config, with_settings
 from swmcli.errors import SwmError, UsageError
+from swmcli.loggers import check_installed, log_once, open_loggers
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, format_seconds, info, progress, silence, warn
 from swmcli.training import (
@@ -92,6 +93,10 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world, given) 
     if cfg.online.enabled and cfg.online.record is not None:
         # `swm eval RUN_DIR` reads held-out episodes from the data the run recorded.
         cfg = with_settings(cfg, {"data.path": cfg.online.record})
+    if not cfg.online.enabled:  # the run plays the env its data came from (`swm eval RUN_DIR`)
+        from swmcli.rollout import env_of_dataset
+
+        cfg = env_of_dataset(cfg)
     from swmcli.core.storage import location
 
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
@@ -304,6 +309,7 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, give
     from swmcli.config import config_text
     from swmcli.core import distributed
     from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
+    from swmcli.memory.predict import check_training_fits
     from swmcli.models.checkpoint import (
         check_data_fingerprint,
         load_checkpoint,
@@ -311,8 +317,8 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, give
         restore_rng,
         save_checkpoint,
     )
-    from swmcli.prediction import check_training_fits
 
+    check_installed(cfg.train.loggers)
     cfg = _prepare_run(cfg, resume, steps, world, given)
     run_dir = Path(cfg.train.out)
     state = load_checkpoint(run_dir) if resume else None  # verified, with its config.json
@@ -394,7 +400,8 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, give
         return None
     if world.size > 1:
         monitor.report.phases += rank_peaks(every_rank)
-    draw_loss_curve(run_dir / METRICS_FILE, run_dir / LOSS_CURVE_FILE)
+    curve = draw_loss_curve(run_dir / METRICS_FILE, run_dir / LOSS_CURVE_FILE)
+    log_once(cfg.train.loggers, run_dir, cfg.train.steps, pictures={"train/loss_curve": curve})
     parameters = sum(p.numel() for p in model.parameters())
     return CommandResult(
         title="swm train",
@@ -480,7 +487,7 @@ class _OnlineData:
             raise UsageError(
                 "--online trains from the buffer it fills: --in-memory and --no-in-memory "
                 "choose how a dataset is read",
-                hint="drop --in-memory/--no-in-memory (--max-steps caps the online buffer)",
+                hint="drop --in-memory/--no-in-memory (--ring-steps caps the online buffer)",
             )
         self.feed = OnlineFeed(cfg, ram_budget(cfg.data.ram_budget, cfg.data.ram_share))
         self.loads = resume  # a resumed run refills its buffer from --record (``load``)
@@ -512,7 +519,7 @@ def rank_peaks(every_rank: list) -> list:
     largest of them (what one device must hold)."""
     from dataclasses import replace
 
-    from swmcli.core.memory import combined_peak
+    from swmcli.memory.measure import combined_peak
 
     rows = []
     for rank, phases in enumerate(every_rank):
@@ -530,7 +537,7 @@ def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
         warn(
             f"{cfg.train.steps} steps make {passes:.0f} passes over {train_clips} training clips: "
             "the model will memorise them and plan poorly. Collect more data "
-            "(swm collect --max-steps 200000) or lower --steps"
+            "(swm collect --buffer-steps 200000) or lower --steps"
         )
     ]
 
@@ -546,12 +553,14 @@ def _loop(cfg, model, optimizer, batches, check, runner, monitor, start, checkpo
 
     run_dir = Path(cfg.train.out)
     metrics_file = run_dir / METRICS_FILE if world.is_main else os.devnull
+    logger_names = cfg.train.loggers if world.is_main else []
     clips_per_step = cfg.train.batch_size * cfg.train.grad_accum
     last: dict[str, float] = {}
     steady = {"seconds": 0.0, "steps": 0}
     with (
         progress("train", total=cfg.train.steps - start) as advance,
         open(metrics_file, "a") as metrics,
+        open_loggers(logger_names, run_dir, first_step=start) as loggers,
         deferred_interrupts() as interrupted,
     ):
 
@@ -570,6 +579,7 @@ def _loop(cfg, model, optimizer, batches, check, runner, monitor, start, checkpo
                 if done % cfg.train.log_every == 0 or done == cfg.train.steps or step == start:
                     metrics.write(json.dumps({"step": done, **last}) + "\n")
                     metrics.flush()
+                    loggers.scalars(done, last)
                 saved = done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps
                 stop = any_rank(interrupted(), world)
                 if saved or stop:

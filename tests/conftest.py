@@ -6,7 +6,7 @@ import pytest
 
 from swmcli.collect import run_collect
 from swmcli.config import resolve_config
-from swmcli.core.memory import MemoryMonitor
+from swmcli.memory.measure import MemoryMonitor
 
 
 @pytest.fixture(scope="session")

@@ -358,7 +358,7 @@ def test_reader_threads_raise_the_readers_error_and_stop(tmp_path):
 
 FREED_BLOCKS = """
 import ctypes, resource, sys
-from swmcli.core.memory import keep_freed_memory
+from swmcli.memory.measure import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 libc = ctypes.CDLL(None)

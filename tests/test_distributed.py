@@ -18,9 +18,9 @@ import pytest
 
 from swmcli.config import resolve_config
 from swmcli.core.distributed import World, check_batch_split, rank_share
-from swmcli.core.memory import MemoryMonitor
 from swmcli.errors import UsageError
-from swmcli.prediction import PeakPredictor, Variant, ddp_bucket_bytes
+from swmcli.memory.measure import MemoryMonitor
+from swmcli.memory.predict import PeakPredictor, Variant, ddp_bucket_bytes
 from swmcli.train import run_train
 
 ROOT = Path(__file__).parents[1]

@@ -11,11 +11,11 @@ from PIL import Image
 from swmcli.collect import run_collect
 from swmcli.config import load_run_config, resolve_config
 from swmcli.core.clips import heldout_split
-from swmcli.core.memory import MemoryMonitor
 from swmcli.core.runner import make_runner
 from swmcli.core.storage import open_reader
 from swmcli.errors import CheckpointError, UsageError
 from swmcli.evaluate import _goal_episodes, load_model, open_loop_errors, run_episodes, run_eval
+from swmcli.memory.measure import MemoryMonitor
 from swmcli.planning import PlannerSettings, cem, plan_costs
 from swmcli.train import run_train
 
@@ -139,7 +139,8 @@ def test_missing_run_and_missing_checkpoint_are_clear_errors(tiny_run, tmp_path)
 
 def test_dataset_protocol_starts_from_recorded_states_with_goals_offset_ahead(tiny_run):
     from swmcli.core.storage import open_reader
-    from swmcli.envs import make_env, reset_to_recorded
+    from swmcli.envs import make_env
+    from swmcli.envs.plugins import restore_recorded
     from swmcli.protocols import goal_episodes
 
     cfg = resolve_config(
@@ -158,7 +159,7 @@ def test_dataset_protocol_starts_from_recorded_states_with_goals_offset_ahead(ti
         np.testing.assert_array_equal(episode.state, rows["state"][step])
         np.testing.assert_array_equal(episode.goal_pixels, rows["pixels"][step + 5])
         env = make_env(cfg.env.id, cfg.env.resolution, 50, seed=0)
-        observation = reset_to_recorded(env, episode.state, episode.goal_state, seed=0)
+        env, observation = restore_recorded(env, episode.state, episode.goal_state, seed=0)
         # The env now is where the dataset was: same frame, and its goal is the state 5 steps on.
         np.testing.assert_array_equal(observation["pixels"], rows["pixels"][step])
         np.testing.assert_allclose(env.unwrapped.goal, rows["state"][step + 5], atol=1e-5)
@@ -170,7 +171,7 @@ def test_dataset_protocol_respects_the_budget_and_plays_random_on_the_same_episo
     flags = {
         "eval.protocol": "dataset",
         "eval.goal_offset": 4,
-        "eval.max_steps": 3,
+        "eval.step_budget": 3,
         "eval.episodes": 3,
     }
     result = run_eval(tiny_run, MemoryMonitor(), flags=flags)
@@ -204,11 +205,12 @@ def test_dataset_protocol_refuses_offsets_longer_than_every_episode(tiny_run):
 def test_envs_that_cannot_be_set_to_a_recorded_state_are_refused():
     from test_envs import TINY_ID
 
-    from swmcli.envs import make_env, reset_to_recorded
+    from swmcli.envs import make_env
+    from swmcli.envs.plugins import restore_recorded
 
     env = make_env(TINY_ID, 32, 10, seed=0)
     with pytest.raises(UsageError, match="cannot be set to a recorded state"):
-        reset_to_recorded(env, np.zeros(4), np.zeros(4), seed=0)
+        restore_recorded(env, np.zeros(4), np.zeros(4), seed=0)
 
 
 def test_wilson_interval_matches_the_textbook_values():
@@ -252,7 +254,7 @@ def test_warnings_name_the_cause_and_are_printed_once(tiny_run):
 
     from swmcli.cli import app
 
-    args = ["eval", str(tiny_run), "--episodes", "1", "--budget", "1", "--samples", "4"]
+    args = ["eval", str(tiny_run), "--episodes", "1", "--step-budget", "1", "--samples", "4"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert result.output.count("no better than random") == 1
@@ -282,7 +284,7 @@ def test_budget_defaults_to_twice_the_goal_offset_or_the_env_episode():
     dataset = {"eval.protocol": "dataset", "eval.goal_offset": 25}
     assert eval_budget(resolve_config(flags=dataset)) == 50
     assert eval_budget(resolve_config(flags={"env.max_episode_steps": 80})) == 80
-    assert eval_budget(resolve_config(flags={**dataset, "eval.max_steps": 7})) == 7
+    assert eval_budget(resolve_config(flags={**dataset, "eval.step_budget": 7})) == 7
 
 
 def test_eval_refuses_data_replaced_at_another_resolution(tiny_run, tmp_path):

@@ -36,7 +36,12 @@ def test_the_package_keeps_its_contracts(tmp_path):
     [
         ("evaluate.py", "from swmcli import train", "swmcli.evaluate -> swmcli.train"),
         ("core/clips.py", "from swmcli import report", "swmcli.core.clips -> swmcli.report"),
-        ("training.py", "from swmcli import prediction", "swmcli.training -> swmcli.prediction"),
+        (
+            "training.py",
+            "from swmcli.memory import predict",
+            "swmcli.training -> swmcli.memory.predict",
+        ),
+        ("memory/trace.py", "from swmcli import report", "swmcli.memory.trace -> swmcli.report"),
     ],
 )
 def test_a_knot_breaks_the_check(tmp_path, module, knot, broken):

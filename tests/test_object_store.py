@@ -22,8 +22,8 @@ from swmcli.cli import app
 from swmcli.collect import run_collect
 from swmcli.config import resolve_config
 from swmcli.core.data import load_dataset
-from swmcli.core.memory import MemoryMonitor
 from swmcli.core.storage import location, open_reader, open_writer
+from swmcli.memory.measure import MemoryMonitor
 
 pytest.importorskip("s3fs")
 ROOT = Path(__file__).parents[1]

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from swmcli.config import resolve_config
-from swmcli.core.memory import MemoryMonitor
 from swmcli.core.storage import open_reader
 from swmcli.envs import make_env
 from swmcli.envs.policies import make_policy
 from swmcli.errors import UsageError
+from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
 from swmcli.rollout import action_dim_of, episode_rows, episode_seed
 from swmcli.train import run_train
@@ -28,7 +28,7 @@ ONLINE = {
     "env.id": "swm/TwoRoom-v0",
     "online.warmup_steps": 100,
     "online.updates_per_step": 0.25,
-    "data.max_steps": 200,
+    "online.ring_steps": 200,
     "train.log_every": 1,
 }
 
@@ -81,7 +81,7 @@ def _online_in_subprocess(tmp_path: Path) -> subprocess.Popen:
     code = (
         "import sys, json\n"
         "from swmcli.config import resolve_config\n"
-        "from swmcli.core.memory import MemoryMonitor\n"
+        "from swmcli.memory.measure import MemoryMonitor\n"
         "from swmcli.train import run_train\n"
         "flags = json.loads(sys.argv[1])\n"
         "run_train(resolve_config('tiny', flags=flags), MemoryMonitor())\n"

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from swmcli.cli import app
 from swmcli.config import load_run_config, resolve_config
-from swmcli.core.memory import MemoryMonitor
 from swmcli.core.storage.lock import writer_lock_path
 from swmcli.errors import CheckpointError
+from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.checkpoint import (
     PREVIOUS_FILE,
     checkpoint_path,

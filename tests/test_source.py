@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from swmcli.config import resolve_config
-from swmcli.core.memory import MemoryMonitor
 from swmcli.core.source import newest_episodes
 from swmcli.errors import BudgetExceeded, UsageError
+from swmcli.memory.measure import MemoryMonitor
 from swmcli.train import run_train
 
 

@@ -16,8 +16,8 @@ from PIL import Image
 
 from swmcli.collect import run_collect
 from swmcli.config import load_run_config, resolve_config, with_settings
-from swmcli.core.memory import MemoryMonitor
 from swmcli.errors import CheckpointError, SwmError, UsageError
+from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
 from swmcli.train import run_train
 from swmcli.training import ClipOrder, learning_rate
@@ -66,7 +66,7 @@ def _train_in_subprocess(data: Path, run_dir: Path, *extra: str) -> subprocess.P
     code = (
         "import sys; from pathlib import Path\n"
         "from swmcli.config import resolve_config\n"
-        "from swmcli.core.memory import MemoryMonitor\n"
+        "from swmcli.memory.measure import MemoryMonitor\n"
         "from swmcli.train import run_train\n"
         "if __name__ == '__main__':\n"
         "    flags = {'data.path': sys.argv[1], 'train.out': sys.argv[2], 'train.steps': 400,\n"
@@ -225,7 +225,7 @@ def test_refuses_batches_larger_than_the_data_and_runs_inside_datasets(tiny_data
 
 
 def test_preflight_predicts_the_step_it_then_measures(tiny_data, tmp_path):
-    from swmcli.prediction import check_training_fits
+    from swmcli.memory.predict import check_training_fits
 
     cfg = _cfg(tiny_data, tmp_path / "run")
     predicted = check_training_fits(cfg, 32, 2, "cpu")
@@ -238,9 +238,9 @@ def test_preflight_predicts_the_step_it_then_measures(tiny_data, tmp_path):
 def test_preflight_refuses_a_step_the_host_cannot_hold(tiny_data, tmp_path):
     import re
 
-    from swmcli.core.memory import available_host_bytes
     from swmcli.errors import BudgetExceeded
-    from swmcli.prediction import check_training_fits
+    from swmcli.memory.measure import available_host_bytes
+    from swmcli.memory.predict import check_training_fits
 
     cfg = _cfg(tiny_data, tmp_path / "run", **{"train.batch_size": 1_000_000})
     with pytest.raises(BudgetExceeded) as caught:

@@ -25,10 +25,10 @@ from swmcli.core.clips import (
     locate_clips,
     observation_rows,
 )
-from swmcli.core.memory import available_host_bytes
 from swmcli.core.spares import Spares
 from swmcli.core.storage import Schema, describe_schema
 from swmcli.errors import BudgetExceeded, OutOfRangeError, UsageError
+from swmcli.memory.measure import available_host_bytes
 from swmcli.units import format_bytes, format_gb
 
 _SPARES_PER_KEY = 2  # a loop holds the batch it works on while the next one is gathered
@@ -62,7 +62,8 @@ def preflight(max_steps: int, row_bytes: int, max_bytes: int | None = None) -> i
             f"({format_bytes(needed)}) of RAM but {source} only {format_gb(available)} "
             f"({format_bytes(available)}); at most {fits:,} steps of "
             f"{format_bytes(row_bytes)} fit",
-            hint=f"lower --max-steps (at most {fits:,}) or --resolution",
+            hint=f"lower the buffer's steps (at most {fits:,}: --buffer-steps, --ring-steps or "
+            "--memory-steps) or --resolution",
             needed=needed,
             available=available,
         )

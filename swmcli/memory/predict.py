@@ -2,7 +2,7 @@
 
 A ``Variant`` is the settings of one step (train or eval, fp32 or bf16, batch, history,
 frameskip). ``PeakPredictor`` builds the configured world model once per clip shape and traces
-each variant's step with ``swmcli.core.tracing.trace_step_peak`` (cached). The training step is
+each variant's step with ``swmcli.memory.trace.trace_step_peak`` (cached). The training step is
 ``swm train``'s own ``optimizer_step``; the eval step is encode + predict, with or without
 gradients. ``largest_fitting`` finds the largest batch whose prediction fits a budget in a few
 predictions. ``swm memprofile`` turns these into its technique table.
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from swmcli.config import SwmConfig, with_settings
-from swmcli.core.tracing import StepPeak, cuda_allowance_bytes
+from swmcli.memory.trace import StepPeak, cuda_allowance_bytes
 
 MAX_BUDGET_PREDICTIONS = 32  # the budget search's cap; near-linear memory needs 2 or 3
 LINE_GUESSES = 3  # then bisection
@@ -127,7 +127,7 @@ class TraceRunner:
         """bf16 autocast as CUDA does it, or nothing in fp32."""
         import torch
 
-        from swmcli.core.tracing import cuda_autocast_on_cpu
+        from swmcli.memory.trace import cuda_autocast_on_cpu
 
         if not self.bf16:
             return contextlib.nullcontext()
@@ -178,7 +178,7 @@ class PeakPredictor:
         """
         variant = replace(variant, compile=False)
         if variant not in self._peaks:
-            from swmcli.core.tracing import trace_step_peak
+            from swmcli.memory.trace import trace_step_peak
             from swmcli.models.global_batch import simulated_ranks
 
             start = time.perf_counter()
@@ -288,8 +288,8 @@ def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device
     """
     import torch
 
-    from swmcli.core.memory import available_host_bytes
     from swmcli.errors import BudgetExceeded
+    from swmcli.memory.measure import available_host_bytes
     from swmcli.units import format_bytes
 
     probe = with_settings(cfg, {"env.resolution": resolution})

@@ -3,7 +3,7 @@
 ``trace_step_peak`` runs a step on fake tensors under ``CategorisedLiveBytes`` and gives the peak
 of live tensor bytes by category (parameters, gradients, optimizer state, inputs, activations,
 temporaries); ``cuda_autocast_on_cpu`` makes a CPU trace keep the dtypes CUDA bf16 autocast keeps,
-and ``cuda_allowance_bytes`` adds what is not a tensor. Measuring is ``core/memory.py``.
+and ``cuda_allowance_bytes`` adds what is not a tensor. Measuring is ``measure.py``.
 """
 
 import contextlib

@@ -4,7 +4,7 @@ On CUDA the peaks come from the caching allocator (reset at the start of each ph
 CUDA the report gives the host's peak RSS (reset per phase through ``/proc/self/clear_refs`` where
 Linux allows it) and the peak of live tensor bytes seen by a torch dispatch mode.
 
-What a step *will* use is predicted in ``core/tracing.py``.
+What a step *will* use is predicted in ``trace.py`` and ``predict.py``.
 """
 
 import ctypes
