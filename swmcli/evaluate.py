@@ -298,14 +298,14 @@ def _actor(model, cfg: SwmConfig, runner, shape, env, goal, seed: int):
     return act
 
 
-def _episode(env, observation, act, max_steps: int) -> tuple[bool, list[np.ndarray], float]:
-    """Run ``act`` until success, the env ends the episode, or ``max_steps`` env steps.
+def _episode(env, observation, act, step_budget: int) -> tuple[bool, list[np.ndarray], float]:
+    """Run ``act`` until success, the env ends the episode, or ``step_budget`` env steps.
 
     Returns success, the frames seen and the seconds ``act`` took (planning time).
     """
     frames = [observation["pixels"]]
     seconds = 0.0
-    while len(frames) <= max_steps:
+    while len(frames) <= step_budget:
         started = time.perf_counter()
         actions = act(observation)
         seconds += time.perf_counter() - started
@@ -314,7 +314,7 @@ def _episode(env, observation, act, max_steps: int) -> tuple[bool, list[np.ndarr
             frames.append(observation["pixels"])
             if step_info.get("success"):
                 return True, frames, seconds
-            if terminated or truncated or len(frames) > max_steps:
+            if terminated or truncated or len(frames) > step_budget:
                 return False, frames, seconds
     return False, frames, seconds
 

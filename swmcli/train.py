@@ -459,7 +459,7 @@ class _OnlineData:
             raise UsageError(
                 "--online trains from the buffer it fills: --in-memory and --no-in-memory "
                 "choose how a dataset is read",
-                hint="drop --in-memory/--no-in-memory (--max-steps caps the online buffer)",
+                hint="drop --in-memory/--no-in-memory (--ring-steps caps the online buffer)",
             )
         self.feed = OnlineFeed(cfg, ram_budget(cfg.data.ram_budget, cfg.data.ram_share))
         self.loads = resume  # a resumed run refills its buffer from --record (``load``)
@@ -509,7 +509,7 @@ def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
         warn(
             f"{cfg.train.steps} steps make {passes:.0f} passes over {train_clips} training clips: "
             "the model will memorise them and plan poorly. Collect more data "
-            "(swm collect --max-steps 200000) or lower --steps"
+            "(swm collect --buffer-steps 200000) or lower --steps"
         )
     ]
 
