@@ -28,7 +28,7 @@ app = typer.Typer(
     epilog="Quick start: swm collect --preset tiny && swm train --preset tiny "
     "&& swm eval runs/tiny",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
