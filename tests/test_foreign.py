@@ -378,8 +378,36 @@ def test_every_fixture_works_with_no_flag_but_its_path(path, tmp_path):
     assert swm("info", path).exit_code == 0
     result = swm("convert", path, tmp_path / "copy.h5")
     assert result.exit_code == 0, result.output
-    if path.parent == MINARI or path == LEROBOT:  # (stable-worldmodel's: in the convert test)
+    if path in (MINARI / "pixels-raw", LEROBOT):  # (stable-worldmodel's: in the convert test)
         result = swm("train", "--data", path, "--steps", "2", "--batch-size", "2", "--history-len",
                      "2", "--frameskip", "1", "--set", "eval.heldout_episodes=1",
                      "--out", tmp_path / "run")  # fmt: skip
         assert result.exit_code == 0, result.output
+
+
+def test_lerobot_export_round_trip(swm_dataset, tmp_path):
+    out, back = tmp_path / "lerobot", tmp_path / "back.h5"
+    result = swm("convert", swm_dataset, out, "--layout", "lerobot")
+    assert result.exit_code == 0, result.output
+    assert detect(out) == "lerobot" and (out / "meta/info.json").is_file()
+    assert swm("convert", out, back).exit_code == 0
+    for original, returned in zip(read_all(swm_dataset), read_all(back), strict=True):
+        assert original.keys() == returned.keys()
+        for key in ("action", "state", "goal", "score"):
+            np.testing.assert_array_equal(returned[key], original[key], err_msg=key)
+        for key in ("reward", "terminated", "truncated"):  # LeRobot has no slot for row 0's
+            np.testing.assert_array_equal(returned[key][1:], original[key][1:], err_msg=key)
+            assert not returned[key][0]
+        error = np.abs(returned["pixels"].astype(int) - original["pixels"].astype(int))
+        assert error.mean() < 4  # h264, CRF 18
+
+
+def test_lerobots_own_reader_reads_the_export(swm_dataset, tmp_path):
+    """LeRobot's LeRobotDataset on what swm wrote, where lerobot is importable."""
+    lerobot = pytest.importorskip(
+        "lerobot.datasets.lerobot_dataset", reason="lerobot not installed"
+    )
+    out = tmp_path / "lerobot"
+    assert swm("convert", swm_dataset, out, "--layout", "lerobot").exit_code == 0
+    dataset = lerobot.LeRobotDataset("swm/export", root=out)
+    assert len(dataset) == 15 and tuple(dataset[0]["observation.image"].shape) == (3, 32, 32)

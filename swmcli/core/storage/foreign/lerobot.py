@@ -104,7 +104,7 @@ class LeRobotSource:
         self._files = {}  # data file -> (sorted global indices, their rows in the file)
         self._cache = {}  # (data file, column) -> its values
         codecs = sorted({self._codec(name) for name in self._videos})
-        self.defaults = self._default_keys()
+        self.defaults = self._default_keys(info.get("swm_keys"))
         self.info = {
             "codec": ", ".join(codecs) if codecs else "parquet (numbers only)",
             "lossy": f"frames ({', '.join(self._videos)})" if self._videos else False,
@@ -150,7 +150,10 @@ class LeRobotSource:
         episodes["length"] = lengths
         return episodes
 
-    def _default_keys(self) -> dict[str, str]:
+    def _default_keys(self, exported) -> dict[str, str]:
+        """swm's keys: an export's own (``swm_keys`` in info.json), else LeRobot's usual names."""
+        if isinstance(exported, dict):
+            return {str(name): str(key) for name, key in exported.items() if name in self.columns}
         keys = {name: key for name, key in _KEYS.items() if name in self.columns}
         if self._videos:
             keys[next(iter(self._videos))] = "pixels"
