@@ -28,7 +28,7 @@ app = typer.Typer(
     epilog="Quick start: swm collect --preset tiny && swm train --preset tiny "
     "&& swm eval runs/tiny",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
@@ -223,6 +223,8 @@ def train(
         resume=resume,
         steps=settings["train.steps"],
         json_output=as_json,
+        given_flags=settings,  # what --resume may change (the rest is refused, not dropped)
+        given_sets=sources[2],
     )
 
 
