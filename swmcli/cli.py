@@ -223,6 +223,8 @@ def train(
         resume=resume,
         steps=settings["train.steps"],
         json_output=as_json,
+        given_flags=settings,  # what --resume may change (the rest is refused, not dropped)
+        given_sets=sources[2],
     )
 
 
