@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from swmcli.config import SwmConfig
-from swmcli.errors import SwmError
+from swmcli.errors import SwmError, describe_unexpected
 from swmcli.report import CommandResult, progress
 from swmcli.rollout import action_dim_of, env_metadata, episode_rows, episode_seed, step_row
 
@@ -94,6 +94,15 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
                 hint="run the same command again to append more: new episodes get new seeds",
                 exit_code=130,
             ) from None
+        except SwmError:
+            raise
+        except Exception as error:  # the object store (or the disk) failed mid-collect
+            message, hint = describe_unexpected(error)
+            raise SwmError(
+                f"{message}; {settings.out} keeps the {writer.num_episodes} episodes written "
+                "before it",
+                hint=hint,
+            ) from error
         finally:
             env.close()
     seconds = time.perf_counter() - start

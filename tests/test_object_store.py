@@ -150,6 +150,27 @@ def test_object_storage_errors_are_one_line_with_a_hint(s3):
     assert scheme.exit_code == 2 and "s3://" in scheme.output
 
 
+def test_a_missing_bucket_and_an_unreachable_store_are_one_line_naming_the_endpoint(s3_env):
+    from botocore.exceptions import EndpointConnectionError
+
+    from swmcli.errors import describe_unexpected
+
+    runner = CliRunner()
+    for command in (
+        ["info", "s3://no-such-bucket/x.lance"],
+        ["collect", "--preset", "tiny", "--out", "s3://no-such-bucket/x.lance"],
+    ):
+        result = runner.invoke(app, command)
+        assert result.exit_code in (1, 2) and "Traceback" not in result.output, result.output
+        assert "<?xml" not in result.output and "<Error>" not in result.output, result.output
+        assert "no-such-bucket" in result.output or s3_env["AWS_ENDPOINT_URL"] in result.output
+    # What boto raises when nothing listens at the endpoint (its retries take ~20 s, too long
+    # to wait for here): one line naming the endpoint, not "a bug in swm".
+    message, hint = describe_unexpected(EndpointConnectionError(endpoint_url="http://x:9/b"))
+    assert message == f"cannot reach the object store at {s3_env['AWS_ENDPOINT_URL']}"
+    assert "AWS_ENDPOINT_URL" in hint
+
+
 def test_missing_s3fs_names_the_pip_install_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "s3fs", None)  # what an environment without s3fs sees
     result = CliRunner().invoke(app, ["info", "s3://swm-bucket/x.lance"])
