@@ -28,8 +28,22 @@ SEED_MAX = 2**32 - 1  # what numpy's legacy seeding and gymnasium accept everywh
 CONFIG_FILE = "config.json"
 
 
+def flag(name: str | None = None, *, metavar: str | None = None) -> dict[str, str]:
+    """How a setting reads on the command line when not ``--key TYPE``: its flag (``"--env"``,
+    ``"--bf16/--fp32"`` for a switch) or the word for its value (``"SIZE"``)."""
+    return {k: v for k, v in (("flag", name), ("metavar", metavar)) if v is not None}
+
+
+def format_name(value: Any) -> Any:
+    """A dataset format as written: ``h5`` is HDF5, as the ``.h5`` suffix is everywhere."""
+    return "hdf5" if value == "h5" else value
+
+
 def _dataset_location(value: Any) -> Any:
     return Path(value) if isinstance(value, str) and "://" not in value else value
+
+
+Format = Literal["lance", "hdf5", "folder"]
 
 
 def _policy_name(*names: str):
@@ -64,6 +78,7 @@ class EnvConfig(Section):
     id: str = Field(
         "swm/TwoRoom-v0",
         description="gymnasium env id; module:Id imports module first (it registers the env)",
+        json_schema_extra=flag("--env"),
     )
     kwargs: dict[str, Any] = Field(
         {}, description="keyword arguments of gymnasium.make for this env (preset or --set)"
@@ -76,15 +91,15 @@ class CollectConfig(Section):
     """`swm collect`: roll out a policy through the capped ReplayBuffer into a dataset."""
 
     episodes: PositiveInt | None = Field(
-        None, description="finished episodes to collect; default: fill --max-steps"
+        None, description="finished episodes to collect; default: fill --buffer-steps"
     )
     steps: PositiveInt | None = Field(
-        None, description="collect exactly this many steps; default: --max-steps"
+        None, description="collect exactly this many steps; default: --buffer-steps"
     )
-    max_steps: PositiveInt = Field(
+    buffer_steps: PositiveInt = Field(
         200_000,
-        description="ReplayBuffer cap in steps (host RAM); without --episodes or --steps, "
-        "collect stops once this many steps are written",
+        description="the collect ReplayBuffer's capacity in steps (host RAM); without "
+        "--episodes or --steps, collect stops once this many steps are written",
     )
     policy: Annotated[str, _policy_name("expert", "random")] = Field(
         "expert",
@@ -101,9 +116,9 @@ class CollectConfig(Section):
     out: DatasetPath = Field(
         Path("data/tworoom.lance"), description="dataset (path or s3:// URI) to write or append to"
     )
-    format: Literal["lance", "hdf5", "folder"] | None = Field(
+    format: Annotated[Format | None, BeforeValidator(format_name)] = Field(
         None,
-        description="lance, hdf5 or folder; default: from the --out suffix, else lance",
+        description="lance, hdf5 (or h5) or folder; default: from the --out suffix, else lance",
     )
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the env resets and the policy")
     workers: PositiveInt = Field(
@@ -117,7 +132,9 @@ class DataConfig(Section):
     """Streaming clips from a dataset on disk."""
 
     path: DatasetPath = Field(
-        Path("data/tworoom.lance"), description="dataset (path or s3:// URI) to stream clips from"
+        Path("data/tworoom.lance"),
+        description="dataset (path or s3:// URI) to stream clips from",
+        json_schema_extra=flag("--data"),
     )
     history_len: PositiveInt = Field(3, description="observations per clip")
     frameskip: PositiveInt = Field(5, description="observation stride; actions stay dense")
@@ -139,11 +156,13 @@ class DataConfig(Section):
         description="train from a ReplayBuffer loaded with the training episodes "
         "(--in-memory) or stream them from disk (--no-in-memory); default: in memory when "
         "they fit --ram-budget",
+        json_schema_extra=flag("--in-memory/--no-in-memory"),
     )
     ram_budget: int | None = Field(
         None,
         description="host RAM the training ReplayBuffer may take, e.g. 8GiB; "
         "default: data.ram_share of the RAM available when training starts",
+        json_schema_extra=flag(metavar="SIZE"),
     )
     ram_share: float = Field(
         0.5,
@@ -151,10 +170,10 @@ class DataConfig(Section):
         le=1,
         description="without --ram-budget, the share of available RAM the buffer may take",
     )
-    max_steps: PositiveInt | None = Field(
+    memory_steps: PositiveInt | None = Field(
         None,
-        description="ReplayBuffer cap in steps for training: in memory, the newest training "
-        "episodes that fit (default: all); online, the ring (default: collect.max_steps)",
+        description="training in memory: keep the newest training episodes that fit in this "
+        "many steps (default: all of them)",
     )
 
     @field_validator("ram_budget", mode="before")
@@ -191,8 +210,16 @@ class ModelConfig(Section):
 class RuntimeConfig(Section):
     """How train, eval and memprofile run the model: precision, compilation, CPU threads."""
 
-    bf16: bool = Field(False, description="bf16 autocast: True reduces activation memory")
-    compile: bool = Field(False, description="torch.compile encoder and predictor separately")
+    bf16: bool = Field(
+        False,
+        description="bf16 autocast: True reduces activation memory",
+        json_schema_extra=flag("--bf16/--fp32"),
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile encoder and predictor separately",
+        json_schema_extra=flag("--compile/--eager"),
+    )
     cpu_threads: PositiveInt | None = Field(
         None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
     )
@@ -218,16 +245,35 @@ class TrainConfig(Section):
     out: Path = Field(Path("runs/tworoom"), description="run directory")
     checkpoint_every: PositiveInt = Field(100, description="steps between atomic checkpoints")
     log_every: PositiveInt = Field(10, description="steps between metrics lines")
+    loggers: list[Literal["tensorboard", "wandb"]] = Field(
+        [],
+        description="also log to tensorboard and/or wandb (repeat the flag, or a comma list); "
+        "metrics.jsonl is always written",
+        json_schema_extra=flag("--logger"),
+    )
+
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value
+        names = [name.strip() for item in items for name in str(item).split(",")]
+        return list(dict.fromkeys(name for name in names if name))
 
 
 class OnlineConfig(Section):
     """`swm train --online`: a policy fills the capped ReplayBuffer while the model trains."""
 
-    enabled: bool = Field(False, description="collect in the env while training (--env ID)")
+    enabled: bool = Field(
+        False,
+        description="collect in the env while training (--env ID)",
+        json_schema_extra=flag("--online"),
+    )
     policy: Annotated[str, _policy_name("expert", "random", "planner")] = Field(
         "expert",
         description="who picks the actions online: expert, random, planner (the model being "
-        "trained plans toward the env's goal with the [eval] planner settings, plus noise), or "
+        "trained plans toward the env's goal with the eval planner settings, plus noise), or "
         "module:factory",
     )
     noise: float = Field(
@@ -238,6 +284,9 @@ class OnlineConfig(Section):
     )
     warmup_steps: int = Field(
         1000, ge=0, description="env steps collected before the first optimizer step"
+    )
+    ring_steps: PositiveInt = Field(
+        200_000, description="the online ReplayBuffer's capacity in steps: a ring of the newest"
     )
     record: Path | None = Field(
         None,
@@ -272,9 +321,9 @@ class EvalConfig(Section):
         description="latent distance to the goal at the last or every planned block",
     )
     replan_every: PositiveInt = Field(1, description="planned blocks executed before replanning")
-    max_steps: PositiveInt | None = Field(
+    step_budget: PositiveInt | None = Field(
         None,
-        description="env steps per planning episode (the budget); default: twice goal_offset "
+        description="env steps per planning episode; default: twice goal_offset "
         "for the dataset protocol, env.max_episode_steps for random goals",
     )
     heldout_episodes: PositiveInt = Field(4, description="episodes kept out for prediction error")
@@ -282,9 +331,9 @@ class EvalConfig(Section):
 
 
 def eval_budget(cfg: "SwmConfig") -> int:
-    """The env steps a planning episode may take (``eval.max_steps`` or its protocol default)."""
-    if cfg.eval.max_steps is not None:
-        return cfg.eval.max_steps
+    """The env steps a planning episode may take (``eval.step_budget`` or its protocol default)."""
+    if cfg.eval.step_budget is not None:
+        return cfg.eval.step_budget
     if cfg.eval.protocol == "dataset":
         return 2 * cfg.eval.goal_offset
     return cfg.env.max_episode_steps
@@ -293,8 +342,12 @@ def eval_budget(cfg: "SwmConfig") -> int:
 class MemprofileConfig(Section):
     """`swm memprofile`: budgets to fit."""
 
-    budget: int | None = Field(None, description="GPU memory budget, e.g. 24GiB")
-    ram_budget: int | None = Field(None, description="host RAM budget, e.g. 64GB")
+    budget: int | None = Field(
+        None, description="GPU memory budget, e.g. 24GiB", json_schema_extra=flag(metavar="SIZE")
+    )
+    ram_budget: int | None = Field(
+        None, description="host RAM budget, e.g. 64GB", json_schema_extra=flag(metavar="SIZE")
+    )
     sample_episodes: PositiveInt = Field(
         4, description="episodes written in each format to estimate the on-disk size"
     )
@@ -325,6 +378,35 @@ MOVED_TO_RUNTIME = {
     for section in ("train", "eval")
     for key in ("bf16", "compile", "cpu_threads")
 }
+
+
+#: Settings renamed so that each name has one meaning: old key -> the new keys it sets. Old
+#: presets, config files, ``--set`` items and run directories keep loading through this table.
+RENAMED = {
+    "collect.max_steps": ("collect.buffer_steps",),
+    # It capped whichever buffer training read from: the in-memory one or online's ring.
+    "data.max_steps": ("data.memory_steps", "online.ring_steps"),
+    "eval.max_steps": ("eval.step_budget",),
+}
+
+
+def upgrade(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` (nested settings, changed in place) with each old key under its new name and
+    the meaning it had. Online's ring once defaulted to the collect buffer's cap: an old config
+    that sets that cap keeps its ring."""
+    collect_cap = tree.get("collect", {}).get("max_steps")
+    for old, new_keys in RENAMED.items():
+        section, key = old.split(".")
+        node = tree.get(section)
+        if not isinstance(node, dict) or key not in node:
+            continue
+        value = node.pop(key)
+        for new in new_keys:
+            if value is not None:
+                _put(tree, new, value)
+    if collect_cap is not None and "ring_steps" not in tree.get("online", {}):
+        _put(tree, "online.ring_steps", collect_cap)
+    return tree
 
 
 def presets_dir() -> Path:
@@ -376,13 +458,19 @@ def _put(tree: dict[str, Any], dotted: str, value: Any) -> None:
     tree[leaf] = value
 
 
-def _apply_sets(tree: dict[str, Any], sets: list[str] | None) -> None:
-    """Put each ``--set section.key=value`` item into ``tree``."""
+def _settings_tree(sets: list[str] | None, flags: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``--set section.key=value`` items, then the flags given (``None``: not given), as
+    nested settings."""
+    tree: dict[str, Any] = {}
     for item in sets or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--set {item!r} is not key=value", hint="e.g. --set train.lr=1e-3")
         _put(tree, key.strip(), _parse_value(value.strip()))
+    for key, value in (flags or {}).items():
+        if value is not None:
+            _put(tree, key, value)
+    return upgrade(tree)
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -442,14 +530,10 @@ def resolve_config(
             raise UsageError(
                 f"no preset named {preset!r}", hint=f"choose one of: {', '.join(preset_names())}"
             )
-        tree = _merge(tree, _read_config_file(path))
+        tree = _merge(tree, upgrade(_read_config_file(path)))
     if config_file is not None:
-        tree = _merge(tree, _read_config_file(config_file))
-    _apply_sets(tree, sets)
-    for key, value in (flags or {}).items():
-        if value is not None:
-            _put(tree, key, value)
-    return _validated(tree)
+        tree = _merge(tree, upgrade(_read_config_file(config_file)))
+    return _validated(_merge(tree, _settings_tree(sets, flags)))
 
 
 def save_config(config: SwmConfig, directory: Path) -> Path:
@@ -471,14 +555,10 @@ def load_run_config(
             hint="pass a directory written by `swm train`",
             exit_code=2,
         )
-    tree = _read_config_file(path)
+    tree = upgrade(_read_config_file(path))
     # A run saved before the runtime section kept these under train and eval: train's win.
     for old_key in sorted(MOVED_TO_RUNTIME):  # "eval.*" before "train.*"
         section, key = old_key.split(".")
         if key in tree.get(section, {}):
             tree.setdefault("runtime", {})[key] = tree[section].pop(key)
-    _apply_sets(tree, sets)
-    for key, value in (flags or {}).items():
-        if value is not None:
-            _put(tree, key, value)
-    return _validated(tree)
+    return _validated(_merge(tree, _settings_tree(sets, flags)))

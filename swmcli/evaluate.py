@@ -24,6 +24,7 @@ import numpy as np
 
 from swmcli.config import SwmConfig, eval_budget, load_run_config
 from swmcli.errors import UsageError
+from swmcli.loggers import check_installed, log_once
 from swmcli.report import CommandResult, Table, info, progress, warn
 
 EVAL_DIR = "eval"
@@ -52,6 +53,7 @@ def run_eval(
     run_dir = Path(run_dir)
     _check_eval_only(flags, sets)
     cfg = load_run_config(run_dir, flags, sets)
+    check_installed(cfg.train.loggers)
     runner = make_runner(
         bf16=cfg.runtime.bf16, compile=cfg.runtime.compile, cpu_threads=cfg.runtime.cpu_threads
     )
@@ -77,7 +79,10 @@ def run_eval(
             random = run_episodes(None, cfg, runner, shape, episodes)
         pictures = save_pictures(planned["recorded"], run_dir / EVAL_DIR, cfg.eval.planner)
         reaching = (planned, random, pictures)
-    return _result(run_dir, cfg, runner, state["step"], errors, reaching, no_goal)
+    result = _result(run_dir, cfg, runner, state["step"], errors, reaching, no_goal)
+    pictures = {"eval/strip": result.fields.get("strip")}
+    log_once(cfg.train.loggers, run_dir, state["step"], values=result.fields, pictures=pictures)
+    return result
 
 
 def _check_eval_only(flags: dict | None, sets: list[str] | None) -> None:
@@ -293,14 +298,14 @@ def _actor(model, cfg: SwmConfig, runner, shape, env, goal, seed: int):
     return act
 
 
-def _episode(env, observation, act, max_steps: int) -> tuple[bool, list[np.ndarray], float]:
-    """Run ``act`` until success, the env ends the episode, or ``max_steps`` env steps.
+def _episode(env, observation, act, step_budget: int) -> tuple[bool, list[np.ndarray], float]:
+    """Run ``act`` until success, the env ends the episode, or ``step_budget`` env steps.
 
     Returns success, the frames seen and the seconds ``act`` took (planning time).
     """
     frames = [observation["pixels"]]
     seconds = 0.0
-    while len(frames) <= max_steps:
+    while len(frames) <= step_budget:
         started = time.perf_counter()
         actions = act(observation)
         seconds += time.perf_counter() - started
@@ -309,7 +314,7 @@ def _episode(env, observation, act, max_steps: int) -> tuple[bool, list[np.ndarr
             frames.append(observation["pixels"])
             if step_info.get("success"):
                 return True, frames, seconds
-            if terminated or truncated or len(frames) > max_steps:
+            if terminated or truncated or len(frames) > step_budget:
                 return False, frames, seconds
     return False, frames, seconds
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from swmcli.config import CONFIG_FILE, SwmConfig, load_run_config, save_config, with_settings
 from swmcli.errors import SwmError, UsageError
+from swmcli.loggers import check_installed, log_once, open_loggers
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, format_seconds, info, progress, silence, warn
 from swmcli.training import (
@@ -299,6 +300,7 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         save_checkpoint,
     )
 
+    check_installed(cfg.train.loggers)
     cfg = _prepare_run(cfg, resume, steps, world)
     run_dir = Path(cfg.train.out)
     runner = make_runner(
@@ -370,7 +372,8 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         return None
     if world.size > 1:
         monitor.report.phases += rank_peaks(every_rank)
-    draw_loss_curve(run_dir / METRICS_FILE, run_dir / LOSS_CURVE_FILE)
+    curve = draw_loss_curve(run_dir / METRICS_FILE, run_dir / LOSS_CURVE_FILE)
+    log_once(cfg.train.loggers, run_dir, cfg.train.steps, pictures={"train/loss_curve": curve})
     parameters = sum(p.numel() for p in model.parameters())
     return CommandResult(
         title="swm train",
@@ -456,7 +459,7 @@ class _OnlineData:
             raise UsageError(
                 "--online trains from the buffer it fills: --in-memory and --no-in-memory "
                 "choose how a dataset is read",
-                hint="drop --in-memory/--no-in-memory (--max-steps caps the online buffer)",
+                hint="drop --in-memory/--no-in-memory (--ring-steps caps the online buffer)",
             )
         self.feed = OnlineFeed(cfg, ram_budget(cfg.data.ram_budget, cfg.data.ram_share))
         self.loads = resume  # a resumed run refills its buffer from --record (``load``)
@@ -506,7 +509,7 @@ def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
         warn(
             f"{cfg.train.steps} steps make {passes:.0f} passes over {train_clips} training clips: "
             "the model will memorise them and plan poorly. Collect more data "
-            "(swm collect --max-steps 200000) or lower --steps"
+            "(swm collect --buffer-steps 200000) or lower --steps"
         )
     ]
 
@@ -522,12 +525,14 @@ def _loop(cfg, model, optimizer, batches, check, runner, monitor, start, checkpo
 
     run_dir = Path(cfg.train.out)
     metrics_file = run_dir / METRICS_FILE if world.is_main else os.devnull
+    logger_names = cfg.train.loggers if world.is_main else []
     clips_per_step = cfg.train.batch_size * cfg.train.grad_accum
     last: dict[str, float] = {}
     steady = {"seconds": 0.0, "steps": 0}
     with (
         progress("train", total=cfg.train.steps - start) as advance,
         open(metrics_file, "a") as metrics,
+        open_loggers(logger_names, run_dir, first_step=start) as loggers,
         deferred_interrupts() as interrupted,
     ):
 
@@ -546,6 +551,7 @@ def _loop(cfg, model, optimizer, batches, check, runner, monitor, start, checkpo
                 if done % cfg.train.log_every == 0 or done == cfg.train.steps or step == start:
                     metrics.write(json.dumps({"step": done, **last}) + "\n")
                     metrics.flush()
+                    loggers.scalars(done, last)
                 saved = done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps
                 stop = any_rank(interrupted(), world)
                 if saved or stop:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from torch import nn
 from typer.testing import CliRunner
 
+from swmcli import report
 from swmcli.cli import app
 from swmcli.config import resolve_config
 from swmcli.core.buffer import step_bytes
@@ -208,8 +209,8 @@ def test_run_memprofile_reports_every_technique_and_buffer(tiny_result):
     cfg, result, monitor = tiny_result
     fields = result.fields
     step = tworoom_step(cfg.env.resolution)
-    assert fields["buffer_ram_bytes"] == cfg.collect.max_steps * step_bytes(step)
-    assert fields["ram_budget_max_steps"] == 10**9 // step_bytes(step)
+    assert fields["buffer_ram_bytes"] == cfg.collect.buffer_steps * step_bytes(step)
+    assert fields["ram_budget_buffer_steps"] == 10**9 // step_bytes(step)
     assert fields["disk_lance_bytes"] > 0 and fields["disk_hdf5_bytes"] > 0
     assert fields["budget_batch_size"] > cfg.train.batch_size
     assert fields["budget_batch_needs_bytes"] <= 2**30
@@ -219,6 +220,18 @@ def test_run_memprofile_reports_every_technique_and_buffer(tiny_result):
     compile_row = next(row for row in result.tables[0].rows if row[0].startswith("torch.compile"))
     assert compile_row[2] == "measured on GPU"
     assert [phase.name for phase in monitor.report.phases] == ["sample", "predict"]
+
+
+def test_the_tables_piped_at_80_columns_keep_every_row_name_whole(tiny_result, capsys, monkeypatch):
+    _, result, monitor = tiny_result
+    monkeypatch.setenv("COLUMNS", "80")
+    report.emit(result, monitor.report, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not any("…" in line for line in lines)
+    for name in ("fp32 train (baseline)", "gradient-free eval + bf16", "history 6"):
+        # in both tables: the techniques, and the 9-column one by category
+        assert sum(name in line for line in lines) == 2, name
 
 
 def test_buffer_ram_at_224_is_30_gb():
