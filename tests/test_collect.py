@@ -223,7 +223,7 @@ def test_worker_processes_write_the_same_dataset_as_one_process(tmp_path):
     # 130 steps: the last episode is cut to fit, as one process cuts it.
     args = ["--steps", "130", "--set", "collect.random_episodes=1", "--json"]
     first = _collect("--out", str(one), *args)
-    second = _collect("--out", str(two), *args, "--set", "collect.workers=2")
+    second = _collect("--out", str(two), *args, "--workers", "2")
     assert first.exit_code == 0 and second.exit_code == 0, second.output
     assert json.loads(second.stdout)["steps"] == 130
     a, b = open_reader(one), open_reader(two)
