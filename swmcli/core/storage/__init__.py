@@ -258,11 +258,9 @@ def _open_unlocked(path: Location, format: str | None, mode: str, metadata) -> W
 FREE_SPACE_MARGIN_BYTES = 64 * 2**20
 
 
-def check_free_space(
-    path: Path, episode_bytes: int, where: Location | None = None, hint: str | None = None
-) -> None:
-    """Refuse a write the disk holding ``path`` has no room for (one clear error, exit 1,
-    naming ``where`` if given, else ``path``; ``hint`` says what became of what was written)."""
+def check_free_space(path: Path, episode_bytes: int, hint: str | None = None) -> None:
+    """Refuse a write the disk holding ``path`` has no room for (one clear error, exit 1;
+    ``hint`` says what became of what was written)."""
     from swmcli.units import format_bytes
 
     existing = path if path.exists() else path.parent
@@ -270,7 +268,7 @@ def check_free_space(
     needed = 2 * episode_bytes + FREE_SPACE_MARGIN_BYTES
     if free < needed:
         raise DatasetError(
-            f"only {format_bytes(free)} free on the disk of {where or path}; writing the next "
+            f"only {format_bytes(free)} free on the disk of {path}; writing the next "
             f"episode needs about {format_bytes(needed)}",
             hint=hint
             or "free some disk space or write to another disk (--out); every finished episode "

@@ -84,13 +84,11 @@ class Copied:
     skipped: dict[int, str] = field(default_factory=dict)  # damaged episodes left out, with why
 
 
-def _copy_episodes(
-    reader, writer, keys: list[str], on_episode, skipped=None, dst=None
-) -> dict[str, str]:
+def _copy_episodes(reader, writer, keys: list[str], on_episode, skipped, dst) -> dict[str, str]:
     """Stream every episode from reader to writer; the checksum of each column as it went.
     A damaged episode stops the copy, or, when ``skipped`` is a dict, is left out and
-    recorded there with why. With a local ``dst``, a disk too full for the next episode is
-    an error naming ``dst``."""
+    recorded there with why. With a local ``dst``, a disk too full for the next episode is an
+    error naming ``dst``."""
     digests = {key: hashlib.blake2b(digest_size=16) for key in keys}
     for index in range(reader.num_episodes):
         try:
@@ -103,14 +101,14 @@ def _copy_episodes(
             continue
         for key in keys:
             digests[key].update(np.ascontiguousarray(episode[key]).data)
-        if dst is not None and not loc.is_remote(dst):
+        if not loc.is_remote(dst):
             nbytes = sum(v.nbytes for v in episode.values())
-            check_free_space(Path(writer.path), nbytes, where=dst, hint=_DISK_HINT)
+            check_free_space(dst, nbytes, hint=_DISK_HINT)  # the disk the copy is written on
         writer.write_episode(episode)
         if on_episode is not None:
             on_episode(index + 1, reader.num_episodes)
     if skipped is not None and len(skipped) == reader.num_episodes:
-        raise DatasetError(f"every episode of {reader.path} is damaged", hint="restore the dataset")
+        raise DatasetError(f"every episode of {reader.path} is damaged", hint="restore it")
     return {key: digest.hexdigest() for key, digest in digests.items()}
 
 
@@ -204,7 +202,18 @@ def copy_dataset(
     reader = open_reader(src, mapping)
     try:
         with destination_lock(dst):
-            return _copy_locked(reader, src, dst, to, keys, overwrite, on_episode, skip_damaged)
+            keys = check_source(reader, src, dst, keys, overwrite)
+            fmt = resolve_format(temporary_path(dst), to)
+            # Every field the collector wrote (env, policy, ...); the writer sets its own.
+            metadata = {k: v for k, v in reader.metadata.items() if k not in WRITER_METADATA}
+
+            def writer(temporary):
+                return open_writer(temporary, format=fmt, mode="error", metadata=metadata)
+
+            skipped = {} if skip_damaged else None
+            return write_into_place(
+                reader, src, dst, keys, writer, fmt, on_episode, skipped=skipped
+            )
     finally:
         reader.close()
 
@@ -216,24 +225,35 @@ def destination_lock(dst: Location):
     return nullcontext() if loc.is_remote(dst) else WriterLock(dst)
 
 
-def _copy_locked(reader, src, dst, to, keys, overwrite, on_episode, skip_damaged) -> Copied:
-    """``copy_dataset`` once ``dst`` is locked."""
+def check_source(reader, src: Location, dst: Location, keys, overwrite: bool) -> list[str]:
+    """The keys to copy, once ``dst`` may be written and ``src`` holds episodes."""
     _check_destination(src, dst, overwrite)
     keys = check_keys(reader.keys, keys, src)
     if reader.num_episodes == 0:
         raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
+    return keys
+
+
+def temporary_path(dst: Location) -> Location:
+    """The hidden path next to ``dst`` a copy is written to before it is renamed into place."""
+    return loc.with_name(dst, f".tmp-{os.getpid()}-{loc.name(dst)}")
+
+
+def write_into_place(
+    reader, src, dst, keys, open_temporary, fmt: str, on_episode, exact=None, skipped=None
+) -> Copied:
+    """Stream ``reader``'s episodes into ``open_temporary(path)`` at ``temporary_path(dst)``,
+    verify what was written (the checksums of the ``exact`` keys only, when given), then rename
+    it onto ``dst``; nothing is left behind on failure. Damaged episodes stop it, or are left
+    out and recorded in ``skipped`` when it is a dict. The caller holds ``destination_lock``."""
     if not loc.is_remote(dst):
         _remove_dead_leftovers(dst)  # a killed convert's temporaries (local disks only)
-    temporary = loc.with_name(dst, f".tmp-{os.getpid()}-{loc.name(dst)}")
-    fmt = resolve_format(temporary, to)
-    # Every field the collector wrote (env, policy, ...); the writer sets its own.
-    metadata = {k: v for k, v in reader.metadata.items() if k not in WRITER_METADATA}
+    temporary = temporary_path(dst)
     loc.remove(temporary)
-    skipped = {} if skip_damaged else None
     try:
-        with open_writer(temporary, format=fmt, mode="error", metadata=metadata) as writer:
+        with open_temporary(temporary) as writer:
             checksums = _copy_episodes(reader, writer, keys, on_episode, skipped, dst)
-        _verify(reader, temporary, keys, checksums, skipped=skipped or {})
+        _verify(reader, temporary, keys, checksums, exact=exact, skipped=skipped or {})
         _move_into_place(temporary, dst)
     except BaseException:
         loc.remove(temporary)
