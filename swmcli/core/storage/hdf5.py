@@ -429,18 +429,30 @@ def _committed_lengths(file, keys, where: Path) -> np.ndarray:
         rows = min(file[k].shape[0] for k in keys) if keys else 0
     except (OSError, KeyError, ValueError, RuntimeError) as error:
         raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
-    # A kill between resize and write leaves a zero last entry: it was never committed. Any
-    # other entry out of place is damage: rows are flushed before the entry that commits them,
-    # so committed episodes never hold more rows than the file (dropping them would lose data).
+    # A kill between resize and write leaves a zero last entry: it was never committed. So may
+    # a reader's view of a file being written, whose rows can lag its last entries (SWMR shows
+    # each dataset as of its own last flush): those episodes are not there yet, for this reader.
     if len(lengths) and lengths[-1] == 0:
         lengths = lengths[:-1]
-    if np.any(lengths <= 0) or lengths.sum() > rows:
-        raise DatasetError(
-            f"{where}: episode_lengths is damaged ({len(lengths)} episodes of "
-            f"{int(lengths.sum())} rows in a file of {rows} rows)",
-            _DAMAGED_HINT,
-        )
+    if np.any(lengths <= 0):
+        raise DatasetError(f"{where}: episode_lengths is damaged (an empty entry)", _DAMAGED_HINT)
+    _check_offsets(file, lengths, where)
+    while len(lengths) and lengths.sum() > rows:
+        lengths = lengths[:-1]
     return lengths
+
+
+def _check_offsets(file, lengths: np.ndarray, where) -> None:
+    """Every written ``episode_offsets`` entry must continue the sum of the lengths before it:
+    a damaged length (or offset) is an error, never episodes silently dropped or merged."""
+    try:
+        offsets = file["episode_offsets"][: len(lengths)].astype(np.int64)
+    except (OSError, KeyError, ValueError, RuntimeError) as error:
+        raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
+    expected = offsets_from_lengths(lengths[: len(offsets)])
+    written = offsets != 0  # an entry not written yet reads 0 (only the first is 0 when written)
+    if np.any(written & (offsets != expected)):
+        raise DatasetError(f"{where}: episode_offsets and episode_lengths disagree", _DAMAGED_HINT)
 
 
 class Hdf5Writer:
