@@ -92,7 +92,7 @@ def detect(path: str | Path) -> str:
     elif (path / FOLDER_METADATA).is_file():
         return "folder"
     raise UsageError(
-        f"{path} is neither a swm dataset (lance, hdf5 or folder) nor one swm imports "
+        f"{path} is not a swm dataset (lance, hdf5 or folder) nor one swm imports "
         f"({', '.join(foreign.FOREIGN_FORMATS)})",
         hint="point to a .lance directory, an .h5 file or a folder written by swm or those tools",
     )
