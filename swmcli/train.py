@@ -391,7 +391,9 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         closing(data),
         progress("train", total=last_step - run.start) as advance,
         open(metrics_file, "a") as metrics,
-        open_loggers(cfg.train.loggers if world.is_main else [], run_dir, run.start) as loggers,
+        open_loggers(
+            cfg.train.loggers if world.is_main else [], run_dir, first_step=run.start
+        ) as loggers,
         deferred_interrupts() as interrupted,
         ExitStack() as phase,
     ):
