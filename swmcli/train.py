@@ -376,11 +376,11 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
     stops after the step in progress (on every rank, the same step), with a checkpoint at that
     step, so ``--resume`` continues from there (exit code 130).
     """
-    from swmcli.core.distributed import any_rank, mean_over_ranks
+    from swmcli.core.distributed import any_rank
     from swmcli.core.interrupts import deferred_interrupts
 
     run = _set_up(cfg, monitor, resume, steps, world)
-    cfg, data, optimizer = run.cfg, run.data, run.optimizer
+    cfg, data = run.cfg, run.data
     run_dir, last_step = Path(cfg.train.out), cfg.train.steps
     check = _ActionCheck(cfg.data.path, run.args["action_dim"], data.warnings)
     metrics_file = run_dir / METRICS_FILE if world.is_main else os.devnull
@@ -406,18 +406,9 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
             began = time.perf_counter()
             micro = [next(run.batches) for _ in range(cfg.train.grad_accum)]
             check(micro)
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, last_step, cfg.train.lr)
-            # A generator: each micro-batch moves to the device only when its turn comes.
-            device_batches = (run.runner.to_device(batch) for batch in micro)
-            parts, grad_norm = optimizer_step(
-                run.net, optimizer, device_batches, run.runner, cfg.train.grad_clip, len(micro)
-            )
-            means = {key: sum(float(p[key]) for p in parts) / len(parts) for key in parts[0]}
-            last = mean_over_ranks(means, world)  # the global batch's
+            last = _train_step(run, micro, step)
             seconds = time.perf_counter() - began
             steady_seconds += seconds if step > run.start else 0.0
-            last.update(grad_norm=float(grad_norm), lr=optimizer.param_groups[0]["lr"])
             last["clips_per_s"] = clips_per_step / seconds
             done = step + 1
             if done % cfg.train.log_every == 0 or done == last_step or step == run.start:
@@ -447,6 +438,25 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         "steady_seconds": steady_seconds,
     }
     return _result(run, monitor, summary, resume)
+
+
+def _train_step(run: _Run, micro: list[dict], step: int) -> dict[str, float]:
+    """Optimizer step ``step`` over the host batches ``micro`` (``grad_accum`` of them): its
+    learning rate, then ``training.optimizer_step``; returns the figures logged (the global
+    batch's: the mean over the ranks)."""
+    from swmcli.core.distributed import mean_over_ranks
+
+    train = run.cfg.train
+    for group in run.optimizer.param_groups:
+        group["lr"] = learning_rate(step, train.steps, train.lr)
+    # A generator: each micro-batch moves to the device only when its turn comes.
+    device_batches = (run.runner.to_device(batch) for batch in micro)
+    parts, grad_norm = optimizer_step(
+        run.net, run.optimizer, device_batches, run.runner, train.grad_clip, len(micro)
+    )
+    means = {key: sum(float(p[key]) for p in parts) / len(parts) for key in parts[0]}
+    means = mean_over_ranks(means, run.world)
+    return {**means, "grad_norm": float(grad_norm), "lr": run.optimizer.param_groups[0]["lr"]}
 
 
 def _stopped(step: int, run_dir: Path, world) -> None:
