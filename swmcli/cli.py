@@ -28,7 +28,7 @@ app = typer.Typer(
     epilog="Quick start: swm collect --preset tiny && swm train --preset tiny "
     "&& swm eval runs/tiny",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
@@ -135,6 +135,7 @@ def collect(
     "swm convert s3://swm-bucket/tworoom/tiny.lance data/tiny.h5",
     "swm convert data/pusht_expert.lance data/pusht.lance   # stable-worldmodel's, into swm",
     "swm convert data/tiny.lance data/tiny-upstream.h5 --layout stable-worldmodel",
+    "swm convert data/tiny.lance data/tiny-lerobot --layout lerobot",
 )
 def convert(
     src: Annotated[str, typer.Argument(help="dataset (path or s3:// URI) to read, never modified")],
@@ -149,7 +150,9 @@ def convert(
     map_: MapOption = None,
     layout: Annotated[
         str,
-        typer.Option(help="swm, or stable-worldmodel (its Lance or HDF5 layout, by DST suffix)"),
+        typer.Option(
+            help="swm; stable-worldmodel (its Lance or HDF5, by DST suffix); lerobot (v3)"
+        ),
     ] = "swm",
     as_json: Json = False,
 ) -> None:
@@ -220,6 +223,8 @@ def train(
         resume=resume,
         steps=settings["train.steps"],
         json_output=as_json,
+        given_flags=settings,  # what --resume may change (the rest is refused, not dropped)
+        given_sets=sources[2],
     )
 
 

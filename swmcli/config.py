@@ -18,6 +18,7 @@ from pydantic import (
     PositiveInt,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from swmcli.errors import CheckpointError, UsageError
@@ -69,7 +70,8 @@ DatasetPath = Annotated[Path | str, BeforeValidator(_dataset_location)]
 
 class Section(BaseModel):
     # Frozen: a resolved config is never edited; a derived one is made by ``with_settings``.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No NaN or infinity in any number: an infinite learning rate would only fail deep inside.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class EnvConfig(Section):
@@ -131,7 +133,7 @@ class DataConfig(Section):
         description="dataset (path or s3:// URI) to stream clips from",
         json_schema_extra=flag("--data"),
     )
-    history_len: PositiveInt = Field(3, description="observations per clip")
+    history_len: int = Field(3, ge=2, description="observations per clip")
     frameskip: PositiveInt = Field(5, description="observation stride; actions stay dense")
     num_workers: int = Field(
         2, ge=0, description="readers of the streamed data (0: read between training steps)"
@@ -200,6 +202,25 @@ class ModelConfig(Section):
         description="weight of the multi-step loss: the predictor rolled out over the clip from "
         "its first latent, its own predictions fed back (what planning does)",
     )
+
+    @model_validator(mode="after")
+    def _heads_divide_widths(self) -> "ModelConfig":
+        pred, vit = (self.predictor_dim, self.predictor_heads), (self.vit_dim, self.vit_heads)
+        _refuse_impossible(
+            [
+                (
+                    pred[0] % pred[1] != 0,
+                    f"predictor_dim ({pred[0]}) must be a multiple of "
+                    f"predictor_heads ({pred[1]}): each head takes an equal share",
+                ),
+                (
+                    vit[0] % vit[1] != 0,
+                    f"vit_dim ({vit[0]}) must be a multiple of vit_heads "
+                    f"({vit[1]}): each head takes an equal share",
+                ),
+            ]
+        )
+        return self
 
 
 class RuntimeConfig(Section):
@@ -324,6 +345,37 @@ class EvalConfig(Section):
     heldout_episodes: PositiveInt = Field(4, description="episodes kept out for prediction error")
     seed: int = Field(1000, ge=0, le=SEED_MAX, description="seed of the planning episodes")
 
+    @model_validator(mode="after")
+    def _possible_planner(self) -> "EvalConfig":
+        _refuse_impossible(
+            [
+                (
+                    self.elites > self.samples,
+                    f"elites ({self.elites}) cannot be more than "
+                    f"samples ({self.samples}): the elites are the best of the samples (lower "
+                    "--elites or raise --samples)",
+                ),
+                (
+                    self.keep_elites > self.elites,
+                    f"keep_elites ({self.keep_elites}) cannot be more than elites ({self.elites})",
+                ),
+                (
+                    self.replan_every > self.horizon,
+                    f"replan_every ({self.replan_every}) cannot "
+                    f"be more than horizon ({self.horizon}): only the planned blocks can be run",
+                ),
+            ]
+        )
+        return self
+
+
+def _refuse_impossible(checks: list[tuple[bool, str]]) -> None:
+    """One ValueError naming every impossible combination of a section's settings (pydantic
+    reports it with the config's other errors, all at once)."""
+    problems = [words for impossible, words in checks if impossible]
+    if problems:
+        raise ValueError("; ".join(problems))
+
 
 def eval_budget(cfg: "SwmConfig") -> int:
     """The env steps a planning episode may take (``eval.step_budget`` or its protocol default)."""
@@ -421,8 +473,13 @@ def _read_config_file(path: Path) -> dict[str, Any]:
         tree = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except FileNotFoundError as err:
         raise UsageError(f"config file {path} does not exist", hint="check the path") from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read config {path}: {err}", hint="pass a TOML file") from err
+    except UnicodeDecodeError as err:
+        raise UsageError(
+            f"{path} is not text (byte {err.object[err.start]:#04x} at {err.start})",
+            hint="pass a TOML file of settings",
+        ) from err
+    except OSError as err:
+        raise UsageError(f"cannot read config {path}: {err}", hint="check the path") from err
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
         kind = "JSON" if path.suffix == ".json" else "TOML"
         raise UsageError(f"{path} is not valid {kind}: {err}", hint="fix the file") from err
@@ -486,7 +543,7 @@ def _describe_one(error: dict) -> str:
     dotted = ".".join(str(p) for p in error["loc"])
     if dotted in MOVED_TO_RUNTIME:
         return f"{dotted}: did you mean {MOVED_TO_RUNTIME[dotted]}?"
-    return f"{dotted}: {error['msg']}"
+    return f"{dotted}: {error['msg'].removeprefix('Value error, ')}"
 
 
 def _validated(tree: dict[str, Any]) -> SwmConfig:
@@ -535,8 +592,13 @@ def save_config(config: SwmConfig, directory: Path) -> Path:
     """Write the resolved config next to a command's output, so the run needs nothing else."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / CONFIG_FILE
-    path.write_text(config.model_dump_json(indent=2) + "\n")
+    path.write_text(config_text(config))
     return path
+
+
+def config_text(config: SwmConfig) -> str:
+    """A config as ``config.json`` holds it (and the checkpoint beside it, byte for byte)."""
+    return config.model_dump_json(indent=2) + "\n"
 
 
 def load_run_config(
@@ -550,10 +612,62 @@ def load_run_config(
             hint="pass a directory written by `swm train`",
             exit_code=2,
         )
-    tree = upgrade(_read_config_file(path))
+    damaged = "restore it from a copy (the run's checkpoint.pt holds its text)"
+    try:
+        tree = upgrade(_read_config_file(path))
+    except UsageError as err:
+        raise CheckpointError(f"{path} is damaged: {err.message}", hint=damaged) from err
     # A run saved before the runtime section kept these under train and eval: train's win.
     for old_key in sorted(MOVED_TO_RUNTIME):  # "eval.*" before "train.*"
         section, key = old_key.split(".")
-        if key in tree.get(section, {}):
+        if isinstance(tree.get(section), dict) and key in tree[section]:
             tree.setdefault("runtime", {})[key] = tree[section].pop(key)
+    try:
+        SwmConfig.model_validate(tree)
+    except ValidationError as err:  # before any flag: the file itself is bad
+        raise CheckpointError(
+            f"{path} is damaged or from another swm version: {_describe(err)}", hint=damaged
+        ) from err
     return _validated(_merge(tree, _settings_tree(sets, flags)))
+
+
+#: What ``swm train --resume`` may change: how the run executes and how far it goes, not what it
+#: trains (``data.path`` may move: the data's fingerprint must still match).
+RESUMABLE = ("runtime.", "train.steps", "train.out", "train.checkpoint_every", "train.log_every")
+RESUMABLE += ("train.loggers",)
+RESUMABLE += ("data.path", "data.in_memory", "data.num_workers", "data.workers", "data.cache_dir")
+RESUMABLE += ("data.prefetch_factor", "data.ram_budget", "data.ram_share")
+
+
+def resume_config(
+    run_dir: Path, flags: dict[str, Any] | None = None, sets: list[str] | None = None
+) -> SwmConfig:
+    """The saved config of the run in ``run_dir`` with what a resume may change (``RESUMABLE``)
+    taken from ``flags`` and ``sets``; any other setting given with another value is refused,
+    all at once (exit 2), rather than dropped."""
+    saved = load_run_config(run_dir)
+    cfg = load_run_config(run_dir, flags, sets)
+    before = flat_settings(saved.model_dump(mode="json"))
+    after = flat_settings(cfg.model_dump(mode="json"))
+    refused = [key for key in before if before[key] != after[key] and not key.startswith(RESUMABLE)]
+    if refused:
+        changes = ", ".join(
+            f"{key} ({before[key]!r} in the run, {after[key]!r} given)" for key in refused
+        )
+        raise UsageError(
+            f"--resume cannot change {changes}: a resumed run keeps the model, data and "
+            "schedule it started with",
+            hint="drop those flags to resume (runtime flags such as --bf16, --compile, "
+            "--in-memory and --steps apply), or train a new run (--out)",
+        )
+    return cfg
+
+
+def flat_settings(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"section.key": value}`` of a nested settings tree."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flat_settings(value, f"{prefix}{key}."))
+    return flat

@@ -35,7 +35,7 @@ def run_convert(
     if layout not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", hint=f"use one of {', '.join(LAYOUTS)}")
     if layout != "swm" and to is not None:
-        raise UsageError("--to and --layout stable-worldmodel", hint="the DST suffix picks it")
+        raise UsageError(f"--to and --layout {layout} together", hint="--to is for swm's formats")
     started = time.perf_counter()
     with _phase(monitor, "convert"), progress("convert", total=_episode_count(src)) as advance:
         copied = (copy_dataset if layout == "swm" else export_dataset)(
@@ -45,7 +45,7 @@ def run_convert(
             overwrite=overwrite,
             on_episode=lambda *_: advance(1),
             mapping=parse_mapping(mapping),
-            **({"to": to} if layout == "swm" else {}),
+            **({"to": to} if layout == "swm" else {"layout": layout}),
         )
     fields = {
         "src": str(copied.src),

@@ -48,12 +48,20 @@ def run_eval(
     Phases for the memory report: load, warm-up (compilation), open-loop error, then plan and
     random baseline when the env has goals.
     """
-    from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
+    from swmcli.core.storage.lock import run_lock
 
     run_dir = Path(run_dir)
     _check_eval_only(flags, sets)
     cfg = load_run_config(run_dir, flags, sets)
     check_installed(cfg.train.loggers)
+    with run_lock(run_dir):  # eval writes its pictures into the run: not while it trains
+        return _evaluate(run_dir, cfg, monitor)
+
+
+def _evaluate(run_dir: Path, cfg: SwmConfig, monitor) -> CommandResult:
+    """``run_eval``'s work, with the run directory's writer lock held."""
+    from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
+
     runner = make_runner(
         bf16=cfg.runtime.bf16, compile=cfg.runtime.compile, cpu_threads=cfg.runtime.cpu_threads
     )

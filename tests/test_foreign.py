@@ -32,11 +32,11 @@ def read_all(path, **kwargs) -> list[dict]:
 
 
 @pytest.mark.parametrize("version", ["0.1.1", "main"])
-@pytest.mark.parametrize("name", ["tworoom.lance", "tworoom.h5"])
+@pytest.mark.parametrize("name", ["tworoom.lance", "tworoom.h5", "tworoom-folder", "tworoom-video"])
 def test_upstream_fixtures_open_in_swms_convention(version, name):
     path = UPSTREAM / version / name
-    assert detect(path) == ("stable-worldmodel-lance" if name.endswith("lance") else
-                            "stable-worldmodel-hdf5")  # fmt: skip
+    layout = {".lance": "lance", ".h5": "hdf5"}.get(path.suffix, name.partition("-")[2])
+    assert detect(path) == f"stable-worldmodel-{layout}"
     reader = open_reader(path)
     assert reader.metadata["source_convention"].startswith(f"stable-worldmodel {version}")
     lengths = reader.episode_lengths.tolist()
@@ -146,6 +146,25 @@ def test_damaged_upstream_hdf5_is_one_line(tmp_path, overrides, message):
     result = swm("info", path)
     assert result.exit_code == 1 and result.output.startswith("error:")
     assert "Traceback" not in result.output
+
+
+def test_hostile_npz_of_the_folder_layout(tmp_path):
+    import shutil
+    import zipfile
+
+    root = tmp_path / "folder"
+    shutil.copytree(UPSTREAM / "main/tworoom-folder", root)
+    np.savez(root / "id.npz", np.array([{"a": 1}] * 14, dtype=object))  # a pickle inside
+    result = swm("info", root)
+    assert result.exit_code == 1 and "never unpickled" in result.output
+    np.savez(root / "id.npz", np.zeros(14))
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(14))
+    header["shape"] = (2**40,)  # 8 TB claimed by a few bytes
+    with zipfile.ZipFile(root / "action.npz", "w") as archive, archive.open("arr_0.npy", "w") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(np.zeros(14).tobytes())
+    result = swm("info", root)
+    assert result.exit_code == 1 and "claims 8796093022208 bytes" in result.output
 
 
 def test_hostile_jpeg_and_lance_index(tmp_path):
@@ -366,9 +385,9 @@ def test_hostile_lerobot_is_one_line(tmp_path, edit, message):
     assert message in result.output and not (tmp_path / "out.lance").exists()
 
 
+UPSTREAM_NAMES = ("tworoom.lance", "tworoom.h5", "tworoom-folder", "tworoom-video")
 ALL_FIXTURES = [
-    *(UPSTREAM / version / name for version in ("0.1.1", "main") for name in ("tworoom.lance",
-                                                                               "tworoom.h5")),
+    *(UPSTREAM / version / name for version in ("0.1.1", "main") for name in UPSTREAM_NAMES),
     MINARI / "pixels-jpeg", MINARI / "pixels-raw", LEROBOT,
 ]  # fmt: skip
 
@@ -378,8 +397,36 @@ def test_every_fixture_works_with_no_flag_but_its_path(path, tmp_path):
     assert swm("info", path).exit_code == 0
     result = swm("convert", path, tmp_path / "copy.h5")
     assert result.exit_code == 0, result.output
-    if path.parent == MINARI or path == LEROBOT:  # (stable-worldmodel's: in the convert test)
+    if path in (MINARI / "pixels-raw", LEROBOT):  # (stable-worldmodel's: in the convert test)
         result = swm("train", "--data", path, "--steps", "2", "--batch-size", "2", "--history-len",
                      "2", "--frameskip", "1", "--set", "eval.heldout_episodes=1",
                      "--out", tmp_path / "run")  # fmt: skip
         assert result.exit_code == 0, result.output
+
+
+def test_lerobot_export_round_trip(swm_dataset, tmp_path):
+    out, back = tmp_path / "lerobot", tmp_path / "back.h5"
+    result = swm("convert", swm_dataset, out, "--layout", "lerobot")
+    assert result.exit_code == 0, result.output
+    assert detect(out) == "lerobot" and (out / "meta/info.json").is_file()
+    assert swm("convert", out, back).exit_code == 0
+    for original, returned in zip(read_all(swm_dataset), read_all(back), strict=True):
+        assert original.keys() == returned.keys()
+        for key in ("action", "state", "goal", "score"):
+            np.testing.assert_array_equal(returned[key], original[key], err_msg=key)
+        for key in ("reward", "terminated", "truncated"):  # LeRobot has no slot for row 0's
+            np.testing.assert_array_equal(returned[key][1:], original[key][1:], err_msg=key)
+            assert not returned[key][0]
+        error = np.abs(returned["pixels"].astype(int) - original["pixels"].astype(int))
+        assert error.mean() < 4  # h264, CRF 18
+
+
+def test_lerobots_own_reader_reads_the_export(swm_dataset, tmp_path):
+    """LeRobot's LeRobotDataset on what swm wrote, where lerobot is importable."""
+    lerobot = pytest.importorskip(
+        "lerobot.datasets.lerobot_dataset", reason="lerobot not installed"
+    )
+    out = tmp_path / "lerobot"
+    assert swm("convert", swm_dataset, out, "--layout", "lerobot").exit_code == 0
+    dataset = lerobot.LeRobotDataset("swm/export", root=out)
+    assert len(dataset) == 15 and tuple(dataset[0]["observation.image"].shape) == (3, 32, 32)
