@@ -87,3 +87,45 @@ def decode_at(path: Path, times: np.ndarray, fps: float, shape: tuple) -> np.nda
         missing = float(times[~filled][0])
         raise DatasetError(f"{path}: no frame at {missing:.3f} s", DAMAGED_HINT)
     return out
+
+
+class LanceVideos:
+    """stable-worldmodel's ``lance_video`` side table ``<name>_videos.lance``: one MP4 blob per
+    (episode, image column), frame j = step j of that episode."""
+
+    def __init__(self, table: Path, episode_ids: np.ndarray, offsets: np.ndarray):
+        import io
+
+        import lance
+
+        self.path, self._offsets, self._episode_ids = table, offsets, episode_ids
+        self._dataset = lance.dataset(str(table.absolute()))
+        index = self._dataset.to_table(columns=["episode_idx", "video_key"]).to_pydict()
+        self._rows = {
+            (int(episode), str(key)): row
+            for row, (episode, key) in enumerate(zip(*index.values(), strict=True))
+        }
+        names = sorted({key for _, key in self._rows})
+        first = {key: io.BytesIO(self._blob(0, key)) for key in names}
+        self.columns = {key: (np.dtype(np.uint8), frame_shape(first[key])) for key in names}
+        self.codec = codec_name(io.BytesIO(self._blob(0, names[0]))) if names else None
+
+    def _blob(self, episode: int, key: str) -> bytes:
+        row = self._rows.get((int(self._episode_ids[episode]), key))
+        if row is None:
+            raise DatasetError(f"{self.path}: no {key} video for episode {episode}", DAMAGED_HINT)
+        with self._dataset.take_blobs("video_bytes", indices=[row])[0] as blob:
+            return blob.read()
+
+    def read(self, key: str, rows: np.ndarray) -> np.ndarray:
+        import io
+
+        shape = self.columns[key][1]
+        out = np.empty((len(rows), *shape), dtype=np.uint8)
+        episodes = np.searchsorted(self._offsets, rows, side="right") - 1
+        for episode in np.unique(episodes):
+            where = episodes == episode
+            steps = rows[where] - self._offsets[episode]
+            video = io.BytesIO(self._blob(int(episode), key))
+            out[where] = decode_indices(video, steps, shape, f"{self.path} ({key})")
+        return out
