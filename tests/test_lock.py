@@ -79,11 +79,11 @@ def test_a_users_files_are_never_taken_for_leftovers(tmp_path, fmt):
     (mine / "sub").mkdir(parents=True)
     (mine / ".gitkeep").touch()
     (mine / "sub" / "notes.txt").touch()
-    with pytest.raises(UsageError, match="neither a swm dataset"):
+    with pytest.raises(UsageError, match="not a swm dataset"):
         write(mine, [make_episode(0, 5)], fmt=fmt)
     assert (mine / ".gitkeep").is_file() and (mine / "sub" / "notes.txt").is_file()
     result = CliRunner().invoke(app, ["collect", "--preset", "tiny", "--out", str(mine)])
-    assert result.exit_code == 2 and "neither a swm dataset" in result.output
+    assert result.exit_code == 2 and "not a swm dataset" in result.output
     assert sorted(p.name for p in mine.rglob("*")) == [".gitkeep", "notes.txt", "sub"]
 
 

@@ -304,7 +304,7 @@ def test_missing_path_and_other_formats_are_clear_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.txt").write_text("hello")
     for path in (tmp_path / "empty", tmp_path / "notes.txt"):
-        with pytest.raises(ValueError, match="neither a swm dataset"):
+        with pytest.raises(ValueError, match="not a swm dataset"):
             open_reader(path)
 
 
@@ -478,7 +478,7 @@ def test_what_a_failed_first_write_left_does_not_block_the_next(tmp_path):
         write(tmp_path / name, [make_episode(0, 5)])
         assert open_reader(tmp_path / name).num_episodes == 1
     (tmp_path / "notes.txt").write_text("a file of the user's")
-    with pytest.raises(ValueError, match="neither a swm dataset"):
+    with pytest.raises(ValueError, match="not a swm dataset"):
         write(tmp_path / "notes.txt", [make_episode(0, 5)], fmt="hdf5")
     assert (tmp_path / "notes.txt").read_text() == "a file of the user's"
 
