@@ -10,7 +10,8 @@ flips cover every file: Lance's data files, manifest, transaction and version hi
 swm metadata's JSON wherever it lies. Each flip runs ``tests/flip_sweep.py`` (``swm info
 --verify``, then the metadata, schema and every episode compared with the intact copy's) in a child
 process, 64 flips per child; a child that dies (a decoder abort, a traceback) is counted as a
-crash, its flip printed, and the sweep goes on after it. Prints per format the counts of one-line
+crash (one still running after 5 minutes as a hang), its flip printed, and the sweep goes on
+after it. Prints per format the counts of one-line
 errors, intact reads, silent changes and crashes.
 """
 
@@ -29,6 +30,7 @@ from flip_sweep import dataset_files, metadata_span  # noqa: E402
 from test_storage import make_episode, write  # noqa: E402
 
 CHUNK = 64
+CHUNK_SECONDS = 300  # 64 flips take seconds: a child still running then has hung
 OUTCOMES = ("error", "intact", "SILENT")  # tests/flip_sweep.py's words
 NAMES = {"lance": "d.lance", "hdf5": "d.h5", "folder": "d"}
 
@@ -71,24 +73,31 @@ def sweep(source: Path, work: Path, targets: list[str]) -> dict[str, int]:
     for first in range(0, len(targets), CHUNK):
         todo = targets[first : first + CHUNK]
         while todo:
-            done = subprocess.run(
-                [sys.executable, str(ROOT / "tests" / "flip_sweep.py"), str(source), str(work),
-                 *todo],
-                capture_output=True, text=True, errors="replace", env=env, timeout=1800,
-            )  # fmt: skip
-            lines = [line.split(" ", 2) for line in done.stdout.splitlines()]
-            # A crash leaves its flip's line unfinished ("FILE:OFFSET " and nothing after).
+            command = [sys.executable, str(ROOT / "tests" / "flip_sweep.py"), str(source),
+                       str(work), *todo]  # fmt: skip
+            try:
+                done = subprocess.run(
+                    command, capture_output=True, text=True, errors="replace", env=env,
+                    timeout=CHUNK_SECONDS,
+                )  # fmt: skip
+                stdout, returncode, stderr = done.stdout, done.returncode, done.stderr
+            except subprocess.TimeoutExpired as expired:  # the child was killed: a hang
+                stdout = (expired.stdout or b"").decode(errors="replace")
+                returncode, stderr = None, "hung"
+            lines = [line.split(" ", 2) for line in stdout.splitlines()]
+            # A crash or a hang leaves its flip's line unfinished ("FILE:OFFSET " and nothing).
             finished = [parts for parts in lines if len(parts) >= 2 and parts[1] in OUTCOMES]
             for parts in finished:
                 counts[parts[1]] = counts.get(parts[1], 0) + 1
                 if parts[1] == "SILENT":
                     print(f"silent change at {parts[0]}", flush=True)
-            if done.returncode == 0:
+            if returncode == 0:
                 break
-            crashed = todo[len(finished)]
-            counts["crash"] = counts.get("crash", 0) + 1
-            last = (done.stderr.strip().splitlines() or ["?"])[-1][:160]
-            print(f"crash at {crashed} (exit {done.returncode}): {last}", flush=True)
+            stopped = todo[len(finished)]
+            kind = "hang" if returncode is None else "crash"
+            counts[kind] = counts.get(kind, 0) + 1
+            last = (stderr.strip().splitlines() or ["?"])[-1][:160]
+            print(f"{kind} at {stopped} (exit {returncode}): {last}", flush=True)
             todo = todo[len(finished) + 1 :]
     return counts
 

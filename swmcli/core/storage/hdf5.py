@@ -491,7 +491,10 @@ class Hdf5Writer:
         self.schema = episode_schema(episode)
         meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
         file = _open(self.path, "w", libver=_LIBVER)
-        file.attrs["swm"] = json.dumps(meta)
+        # A fixed-length string: kept in the root's object header, which HDF5 checksums. A
+        # variable-length one lives in a global heap HDF5 does not check, where one flipped size
+        # byte made reading the attribute loop for ever.
+        file.attrs["swm"] = np.bytes_(json.dumps(meta).encode())
         columns = {
             "episode_idx": (np.dtype(np.int64), ()),
             "step_idx": (np.dtype(np.int32), ()),
