@@ -73,6 +73,14 @@ Compile = Annotated[
     bool | None,
     typer.Option("--compile/--eager", help="torch.compile encoder and predictor separately"),
 ]
+Model = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="your world model: module:function or path/to/file.py:function returning a module "
+        "with encode and predict (optional loss); default: swm's JEPA model",
+    ),
+]
 
 
 # The setting each command's flags set (flag parameter -> section.key); --help shows its default.
@@ -108,6 +116,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "warmup_steps": "online.warmup_steps",
         "record": "online.record",
         "nproc": "runtime.nproc",
+        "model": "model.factory",
     },
     "eval": {
         "protocol": "eval.protocol",
@@ -121,6 +130,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "elites": "eval.elites",
         "bf16": "runtime.bf16",
         "compile": "runtime.compile",
+        "model": "model.factory",
     },
     "memprofile": {
         "resolution": "env.resolution",
@@ -132,6 +142,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "budget": "memprofile.budget",
         "ram_budget": "memprofile.ram_budget",
         "nproc": "runtime.nproc",
+        "model": "model.factory",
     },
 }
 TYPE_WORDS = {"int": "INTEGER", "float": "NUMBER", "Path": "PATH", "str": "TEXT", "bool": ""}
@@ -462,6 +473,7 @@ def train(
         ),
     ] = None,
     nproc: Nproc = None,
+    model: Model = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,
@@ -530,6 +542,7 @@ def eval_(
     elites: Annotated[int | None, typer.Option(help="best sequences CEM refits to")] = None,
     bf16: Bf16 = None,
     compile: Compile = None,
+    model: Model = None,
     set_: Sets = None,
     as_json: Json = False,
 ) -> None:
@@ -570,6 +583,7 @@ def memprofile(
         Path | None, typer.Option(help="write a CUDA memory snapshot (GPU)")
     ] = None,
     nproc: Nproc = None,
+    model: Model = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,

@@ -135,7 +135,17 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    """The JEPA world model: encoder (pixels -> latent) and causal action-conditioned predictor."""
+    """The world model: swm's JEPA (encoder + causal action-conditioned predictor, the fields
+    below) or your own (``factory``, docs/bring-your-model.md)."""
+
+    factory: str | None = Field(
+        None,
+        description="your world model: module:function or path/to/file.py:function returning "
+        "a module with encode and predict (optional loss); default: swm's JEPA model",
+    )
+    kwargs: dict[str, Any] = Field(
+        {}, description="keyword arguments for --model's factory, e.g. --set model.kwargs.width=64"
+    )
 
     encoder: Literal["cnn", "vit"] = Field("cnn", description="pixel encoder architecture")
     latent_dim: PositiveInt = Field(32, description="size of one frame's latent")

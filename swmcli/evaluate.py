@@ -116,11 +116,11 @@ def _goal_episodes(cfg: SwmConfig):
 
 def load_model(run_dir: Path, cfg: SwmConfig, runner):
     """The run's world model with its checkpoint's weights (prepared by ``runner``) and state."""
-    from swmcli.models import build_world_model
     from swmcli.models.checkpoint import checkpoint_path, load_checkpoint, restore_model
+    from swmcli.models.protocol import build_model
 
     state = load_checkpoint(run_dir)
-    model = build_world_model(cfg.model, **state["model_args"])
+    model = build_model(cfg.model, state["model_args"])
     restore_model(model, state, checkpoint_path(run_dir))
     return runner.prepare(model), state
 
@@ -171,6 +171,7 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     """
     from swmcli.core.clips import heldout_split
     from swmcli.core.data import load_dataset
+    from swmcli.models.protocol import rollout
 
     frameskip = cfg.data.frameskip
     path, cache = cfg.data.path, cfg.data.cache_dir
@@ -194,7 +195,7 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
         batch = runner.to_device(windows.read_batch(indices))
         latents = model.encode(batch["pixels"]).float()
         actions = batch["action"][:, :horizon]
-        predicted = model.rollout(latents[:, :1], actions[:, :0], actions).float()
+        predicted = rollout(model, latents[:, :1], actions[:, :0], actions).float()
         truth = latents[:, 1:]
         model_sum += (predicted - truth).pow(2).mean(-1).sum(0).cpu().numpy()
         still_sum += (latents[:, :1] - truth).pow(2).mean(-1).sum(0).cpu().numpy()

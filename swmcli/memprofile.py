@@ -152,6 +152,7 @@ def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
     """A fresh CUDA model, batch and (for training) optimizer, bound into one step callable."""
     import copy
 
+    from swmcli.models.protocol import Objective
     from swmcli.training import make_optimizer
 
     runner = cuda_runner(variant)
@@ -162,7 +163,8 @@ def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
         optimizer = make_optimizer(model, predictor.cfg.train)
         grad_clip = predictor.cfg.train.grad_clip
         micro_batches = min(predictor.cfg.train.grad_accum, 2)
-        return lambda: train_step(model, optimizer, batch, runner, grad_clip, micro_batches)
+        objective = Objective(model, predictor.cfg.model)
+        return lambda: train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
     return lambda: eval_step(model, batch, runner, variant.grad_free)
 
 

@@ -294,6 +294,7 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         restore_rng,
         save_checkpoint,
     )
+    from swmcli.models.protocol import Objective
 
     cfg = _prepare_run(cfg, resume, steps, world)
     run_dir = Path(cfg.train.out)
@@ -340,7 +341,7 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         if state:
             # After .to(device): the optimizer's state must sit where the parameters are.
             optimizer.load_state_dict(state["optimizer"])
-        net = distributed.wrap(model, world, runner.device)
+        net = distributed.wrap(Objective(model, cfg.model), world, runner.device)
         if cfg.online.enabled:
             data.feed.plan_with(model, runner)  # --policy planner plans with the model it trains
         batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...

@@ -107,7 +107,7 @@ def open_training_data(cfg: SwmConfig):
 
 
 def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
-    """``build_world_model``'s keyword arguments for this config and dataset."""
+    """The clip shape ``protocol.build_model`` takes, for this config and dataset."""
     return {
         "resolution": int(metadata["resolution"]),
         "action_dim": int(metadata["action_dim"]),
@@ -127,14 +127,14 @@ def model_bytes(model, optimizer) -> int:
 
 
 def build_model(cfg: SwmConfig, metadata: dict[str, Any]):
-    """The world model for this config and dataset (seeded by ``train.seed``) and its
-    optimizer."""
+    """The world model for this config and dataset (swm's or ``model.factory``'s, seeded by
+    ``train.seed``) and its optimizer."""
     import torch
 
-    from swmcli.models import build_world_model
+    from swmcli.models.protocol import build_model as build_world_model
 
     torch.manual_seed(cfg.train.seed)
-    model = build_world_model(cfg.model, **model_args(cfg, metadata))
+    model = build_world_model(cfg.model, model_args(cfg, metadata))
     return model, make_optimizer(model, cfg.train)
 
 
@@ -148,10 +148,13 @@ def make_optimizer(model, train_cfg):
     )
 
 
-def optimizer_step(model, optimizer, device_batches, runner, grad_clip: float, micro_batches: int):
+def optimizer_step(
+    objective, optimizer, device_batches, runner, grad_clip: float, micro_batches: int
+):
     """One optimizer step: free the gradients, forward under autocast and backward for each of
-    the ``micro_batches`` device batches, clip, step. Returns the detached loss parts of each
-    micro-batch and the gradient norm, without reading them back (memprofile runs this very
+    the ``micro_batches`` device batches, clip, step. ``objective`` is the model's
+    ``protocol.Objective`` (or its data-parallel wrapper). Returns the detached loss terms of
+    each micro-batch and the gradient norm, without reading them back (memprofile runs this very
     function on fake tensors, which have no values)."""
     import torch
 
@@ -159,9 +162,9 @@ def optimizer_step(model, optimizer, device_batches, runner, grad_clip: float, m
     parts = []
     for batch in device_batches:
         with runner.autocast():
-            loss, terms = model(batch)  # WorldModel.forward is its loss (what DDP wraps)
-        (loss / micro_batches).backward()
-        parts.append({"loss": loss.detach(), **{k: v.detach() for k, v in terms.items()}})
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            terms = objective(batch)
+        (terms["loss"] / micro_batches).backward()
+        parts.append({key: torch.as_tensor(value).detach() for key, value in terms.items()})
+    grad_norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), grad_clip)
     optimizer.step()
     return parts, grad_norm

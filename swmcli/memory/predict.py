@@ -56,12 +56,14 @@ class Variant:
 # --- the steps: the same code is traced on fake tensors and run on a GPU ------------------------
 
 
-def train_step(model, optimizer, batch, runner, grad_clip: float, micro_batches: int = 1) -> None:
+def train_step(
+    objective, optimizer, batch, runner, grad_clip: float, micro_batches: int = 1
+) -> None:
     """One optimizer step exactly as ``swm train`` takes it (its own ``optimizer_step``), with
     ``batch`` standing for each micro-batch: a later one runs with the gradients alive."""
     from swmcli.training import optimizer_step
 
-    optimizer_step(model, optimizer, [batch] * micro_batches, runner, grad_clip, micro_batches)
+    optimizer_step(objective, optimizer, [batch] * micro_batches, runner, grad_clip, micro_batches)
 
 
 def eval_step(model, batch, runner, grad_free: bool):
@@ -159,15 +161,15 @@ class PeakPredictor:
         """The real (CPU) world model for these clip settings; traces use fake copies of it."""
         key = (history_len, frameskip)
         if key not in self._models:
-            from swmcli.models import build_world_model
+            from swmcli.models.protocol import build_model
 
-            self._models[key] = build_world_model(
-                self.cfg.model,
-                resolution=self.cfg.env.resolution,
-                action_dim=self.action_dim,
-                frameskip=frameskip,
-                history_len=history_len,
-            )
+            shape = {
+                "resolution": self.cfg.env.resolution,
+                "action_dim": self.action_dim,
+                "frameskip": frameskip,
+                "history_len": history_len,
+            }
+            self._models[key] = build_model(self.cfg.model, shape)
         return self._models[key]
 
     def predict(self, variant: Variant) -> StepPeak:
@@ -198,9 +200,11 @@ class PeakPredictor:
 
     def _train_maker(self, variant: Variant) -> Callable:
         def make(model):
+            from swmcli.models.protocol import Objective
             from swmcli.training import make_optimizer
 
             batch = clip_batch(self.step, variant)
+            objective = Objective(model, self.cfg.model)
             optimizer = make_optimizer(model, self.cfg.train)
             runner = TraceRunner(variant.bf16)
             grad_clip = self.cfg.train.grad_clip
@@ -209,7 +213,7 @@ class PeakPredictor:
 
             def run() -> None:
                 for _ in range(2):  # the second step runs with optimizer state, as training does
-                    train_step(model, optimizer, batch, runner, grad_clip, micro_batches)
+                    train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
 
             return batch, run
 

@@ -26,7 +26,7 @@ def save_checkpoint(
 ) -> Path:
     """Write model, optimizer, step and RNG state atomically; returns the checkpoint's path.
 
-    ``model_args`` are the keyword arguments of ``build_world_model`` besides the config
+    ``model_args`` are the clip shape ``protocol.build_model`` takes besides the config
     (resolution, action_dim, frameskip, history_len), so eval rebuilds the model from the run alone.
     """
     import torch
