@@ -73,6 +73,31 @@ Compile = Annotated[
     bool | None,
     typer.Option("--compile/--eager", help="torch.compile encoder and predictor separately"),
 ]
+ActivationCheckpointing = Annotated[
+    str | None,
+    typer.Option(
+        help="recompute these modules' activations in backward instead of keeping them: "
+        "'blocks' (the transformer blocks) or module class names, comma-separated; saves most "
+        "activation memory, costs about a third more compute",
+    ),
+]
+OptimizerInBackward = Annotated[
+    bool | None,
+    typer.Option(
+        "--optimizer-in-backward",
+        help="step AdamW per parameter inside backward and free each gradient at once: saves "
+        "the gradients' memory; no gradient clipping or accumulation, one process",
+    ),
+]
+Shard = Annotated[
+    bool | None,
+    typer.Option(
+        "--shard",
+        help="fully shard parameters, gradients and AdamW state over the data-parallel ranks "
+        "(FSDP2, torchrun): divides their memory by the ranks; costs an all-gather of each "
+        "block's weights in forward and backward",
+    ),
+]
 Model = Annotated[
     str | None,
     typer.Option(
@@ -117,6 +142,9 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "record": "online.record",
         "nproc": "runtime.nproc",
         "model": "model.factory",
+        "activation_checkpointing": "runtime.activation_checkpointing",
+        "optimizer_in_backward": "runtime.optimizer_in_backward",
+        "shard": "runtime.shard",
     },
     "eval": {
         "protocol": "eval.protocol",
@@ -143,6 +171,9 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "ram_budget": "memprofile.ram_budget",
         "nproc": "runtime.nproc",
         "model": "model.factory",
+        "activation_checkpointing": "runtime.activation_checkpointing",
+        "optimizer_in_backward": "runtime.optimizer_in_backward",
+        "shard": "runtime.shard",
     },
 }
 TYPE_WORDS = {"int": "INTEGER", "float": "NUMBER", "Path": "PATH", "str": "TEXT", "bool": ""}
@@ -474,6 +505,9 @@ def train(
     ] = None,
     nproc: Nproc = None,
     model: Model = None,
+    activation_checkpointing: ActivationCheckpointing = None,
+    optimizer_in_backward: OptimizerInBackward = None,
+    shard: Shard = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,
@@ -584,6 +618,9 @@ def memprofile(
     ] = None,
     nproc: Nproc = None,
     model: Model = None,
+    activation_checkpointing: ActivationCheckpointing = None,
+    optimizer_in_backward: OptimizerInBackward = None,
+    shard: Shard = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,

@@ -170,7 +170,8 @@ class ModelConfig(Section):
 
 
 class RuntimeConfig(Section):
-    """How train, eval and memprofile run the model: precision, compilation, CPU threads."""
+    """How train, eval and memprofile run the model: precision, compilation, CPU threads, and
+    the memory levers (docs/bring-your-model.md)."""
 
     bf16: bool = Field(False, description="bf16 autocast: True reduces activation memory")
     compile: bool = Field(False, description="torch.compile encoder and predictor separately")
@@ -181,6 +182,23 @@ class RuntimeConfig(Section):
         1,
         description="data-parallel processes, one per GPU (or CPU processes): swm train "
         "launches them with torchrun",
+    )
+    activation_checkpointing: str | None = Field(
+        None,
+        description="recompute these modules' activations in backward instead of keeping "
+        "them: 'blocks' (the transformer blocks) or module class names, comma-separated; "
+        "saves most activation memory, costs about a third more compute",
+    )
+    optimizer_in_backward: bool = Field(
+        False,
+        description="step AdamW per parameter inside backward and free each gradient at once: "
+        "saves the gradients' memory; no gradient clipping or accumulation, one process",
+    )
+    shard: bool = Field(
+        False,
+        description="fully shard parameters, gradients and AdamW state over the data-parallel "
+        "ranks (FSDP2, torchrun): divides their memory by the ranks; costs an all-gather of "
+        "each block's weights in forward and backward",
     )
 
 

@@ -26,10 +26,12 @@ from swmcli.memory.predict import (
     PeakPredictor,
     Variant,
     clip_batch,
+    configured_variant,
     cuda_runner,
     ddp_bucket_bytes,
     eval_step,
     largest_fitting,
+    traced_micro_batches,
     train_step,
 )
 from swmcli.memory.trace import (
@@ -152,17 +154,18 @@ def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
     """A fresh CUDA model, batch and (for training) optimizer, bound into one step callable."""
     import copy
 
+    from swmcli.memory.levers import make_optimizer
     from swmcli.models.protocol import Objective
-    from swmcli.training import make_optimizer
 
     runner = cuda_runner(variant)
-    model = runner.prepare(copy.deepcopy(predictor.model(variant.history_len, variant.frameskip)))
+    plain = predictor.model(variant.history_len, variant.frameskip, variant.checkpointing)
+    model = runner.prepare(copy.deepcopy(plain))
     batch = clip_batch(predictor.step, variant, device="cuda")
     if variant.kind == "train":
         model.train()
-        optimizer = make_optimizer(model, predictor.cfg.train)
+        optimizer = make_optimizer(model, predictor.cfg.train, variant.in_backward)
         grad_clip = predictor.cfg.train.grad_clip
-        micro_batches = min(predictor.cfg.train.grad_accum, 2)
+        micro_batches = traced_micro_batches(predictor.cfg, variant)
         objective = Objective(model, predictor.cfg.model)
         return lambda: train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
     return lambda: eval_step(model, batch, runner, variant.grad_free)
@@ -238,15 +241,17 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
 
 
 def _configured(cfg: SwmConfig, kind: str = "train") -> Variant:
-    """The variant the config runs: training, or gradient-free eval, at its precision."""
+    """The variant the config runs: training (with its levers), or gradient-free eval, at its
+    precision."""
+    if kind == "train":
+        return configured_variant(cfg, cfg.train.batch_size)
     return Variant(
         kind,
         bf16=cfg.runtime.bf16,
         batch_size=cfg.train.batch_size,
         history_len=cfg.data.history_len,
         frameskip=cfg.data.frameskip,
-        grad_free=kind == "eval",
-        ranks=cfg.runtime.nproc,
+        grad_free=True,
     )
 
 

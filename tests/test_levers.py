@@ -1,0 +1,140 @@
+"""Memory levers: each trains to the same losses as without it, and its memory is predicted.
+
+Equality on a few real training steps of the tiny preset (float rounding apart); prediction on
+fake tensors against the peak of live tensor bytes of the same step on real CPU tensors, for
+swm's model and for a model brought from tests/models (not swm's).
+"""
+
+import copy
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from swmcli.config import resolve_config, with_settings
+from swmcli.errors import UsageError
+from swmcli.memory.levers import (
+    InBackwardOptimizer,
+    check_lever_combination,
+    checkpoint_activations,
+    checkpointed_types,
+    make_optimizer,
+)
+from swmcli.memory.measure import LiveTensorBytes, MemoryMonitor
+from swmcli.memory.predict import PeakPredictor, Variant
+from swmcli.memory.trace import trace_step_peak
+from swmcli.train import run_train
+
+USER_MODEL = str(Path(__file__).parent / "models" / "mlp_world_model.py") + ":build"
+NO_CLIP = {"train.grad_clip": 1e9}  # optimizer-in-backward cannot clip: compare unclipped
+
+
+def _losses(tiny_data, out: Path, **settings) -> list[float]:
+    flags = {"data.path": tiny_data, "train.out": out, "train.steps": 3, "train.log_every": 1}
+    cfg = resolve_config("tiny", flags={**flags, **NO_CLIP, **settings})
+    run_train(cfg, MemoryMonitor())
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [row["loss"] for row in rows]
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_data, tmp_path_factory):
+    return _losses(tiny_data, tmp_path_factory.mktemp("baseline"))
+
+
+@pytest.mark.parametrize(
+    "lever",
+    [
+        {"runtime.activation_checkpointing": "blocks"},
+        {"runtime.activation_checkpointing": "TransformerEncoderLayer,Conv2d"},
+        {"runtime.optimizer_in_backward": True},
+    ],
+    ids=["checkpoint-blocks", "checkpoint-types", "optimizer-in-backward"],
+)
+def test_lever_trains_to_the_same_losses(tiny_data, tmp_path, baseline, lever):
+    losses = _losses(tiny_data, tmp_path, **lever)
+    assert losses == pytest.approx(baseline, rel=1e-5)
+    assert losses[-1] != losses[0]  # it trained
+
+
+def test_checkpointing_keeps_the_saved_weights_plain():
+    layers = nn.Sequential(nn.Linear(4, 4), nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)]))
+    keys = set(layers.state_dict())
+    assert checkpoint_activations(layers, "blocks") == 2
+    assert set(layers.state_dict()) == keys  # checkpoints load with or without the lever
+    assert checkpointed_types(nn.Sequential(nn.Linear(2, 2)), "Linear")
+
+
+def test_checkpointing_names_a_module_class_the_model_lacks():
+    with pytest.raises(UsageError, match="no Conv3d"):
+        checkpointed_types(nn.Sequential(nn.Linear(2, 2)), "Conv3d")
+    with pytest.raises(UsageError, match="no module to checkpoint"):
+        checkpointed_types(nn.Sequential(nn.Linear(2, 2)), "blocks")
+
+
+def test_optimizer_in_backward_frees_each_gradient_and_refuses_accumulation():
+    model = nn.Linear(3, 3)
+    cfg = resolve_config("tiny")
+    optimizer = make_optimizer(model, cfg.train, in_backward=True)
+    before = model.weight.detach().clone()
+    model(torch.ones(2, 3)).sum().backward()
+    assert model.weight.grad is None and not torch.equal(model.weight, before)
+    assert isinstance(optimizer, InBackwardOptimizer) and len(optimizer.state) == 2
+    with pytest.raises(UsageError, match="accumulat"):
+        check_lever_combination(
+            with_settings(cfg, {"runtime.optimizer_in_backward": True, "train.grad_accum": 2})
+        )
+
+
+def _real_live_peak(model, make) -> int:
+    inputs, run = make(model)
+    live = LiveTensorBytes()
+    for tensor in [*model.parameters(), *model.buffers(), *inputs.values()]:
+        live.track_tensor(tensor)
+    with live:
+        run()
+    return live.peak
+
+
+def _step_row(resolution: int) -> dict:
+    return {
+        "pixels": torch.zeros(resolution, resolution, 3, dtype=torch.uint8).numpy(),
+        "action": torch.zeros(2).numpy(),
+    }
+
+
+@pytest.mark.parametrize("factory", [None, USER_MODEL], ids=["swm-model", "user-model"])
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"checkpointing": "blocks"}, {"in_backward": True}, {"bf16": True, "in_backward": True}],
+    ids=["plain", "checkpointing", "optimizer-in-backward", "bf16-optimizer-in-backward"],
+)
+def test_prediction_equals_real_cpu_live_peak(factory, changes):
+    cfg = resolve_config("tiny", sets=[f'model.factory="{factory}"'] if factory else None)
+    if factory and changes.get("checkpointing"):
+        changes = {**changes, "checkpointing": "Linear"}  # an MLP has no blocks: per module type
+    predictor = PeakPredictor(cfg, _step_row(cfg.env.resolution))
+    variant = replace(Variant("train", False, 8, cfg.data.history_len, 1), **changes)
+    model = predictor.model(variant.history_len, variant.frameskip, variant.checkpointing)
+    make = predictor.step_maker(variant)
+
+    predicted = trace_step_peak(model, make, fake=True, round_bytes=1)
+    measured = _real_live_peak(copy.deepcopy(model), make)
+
+    assert predicted.peak_bytes == pytest.approx(measured, rel=0.05)
+
+
+def test_levers_lower_the_predicted_peak():
+    cfg = resolve_config("tiny")
+    predictor = PeakPredictor(cfg, _step_row(cfg.env.resolution))
+    base = Variant("train", False, 16, cfg.data.history_len, 1)
+    checkpointed = predictor.predict(replace(base, checkpointing="blocks"))
+    assert checkpointed.peak_bytes < predictor.predict(base).peak_bytes
+    # One clip: the weights' bytes decide the peak, and no step holds every gradient.
+    one = replace(base, batch_size=1)
+    in_backward = predictor.predict(replace(one, in_backward=True))
+    assert in_backward.peak_bytes < predictor.predict(one).peak_bytes
+    assert in_backward.by_category["gradients"] < predictor.predict(one).by_category["gradients"]
