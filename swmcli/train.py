@@ -287,6 +287,7 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
     """``run_train``'s work, as one rank of ``world``."""
     from swmcli.core import distributed
     from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
+    from swmcli.memory.levers import make_optimizer, restore_optimizer, shard, training_state
     from swmcli.memory.predict import check_training_fits
     from swmcli.models.checkpoint import (
         load_checkpoint,
@@ -327,7 +328,7 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         with monitor.phase("load into memory"):
             data.load()
     with monitor.phase("setup"):
-        model, optimizer = build_model(cfg, data.metadata)
+        model = build_model(cfg, data.metadata)
         state = load_checkpoint(run_dir) if resume else None
         start = state["step"] if state else 0
         if start >= cfg.train.steps:
@@ -338,10 +339,16 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         if state:
             restore_model(model, state, checkpoint_path(run_dir))
         runner.prepare(model)
+        objective = Objective(model, cfg.model)
+        sharded = cfg.runtime.shard
+        if sharded:
+            net = shard(objective, runner.device)
+        else:
+            net = distributed.wrap(objective, world, runner.device)
+        # After .to(device) and sharding: the optimizer's state sits where the parameters do.
+        optimizer = make_optimizer(model, cfg.train, cfg.runtime.optimizer_in_backward)
         if state:
-            # After .to(device): the optimizer's state must sit where the parameters are.
-            optimizer.load_state_dict(state["optimizer"])
-        net = distributed.wrap(Objective(model, cfg.model), world, runner.device)
+            restore_optimizer(objective, optimizer, state["optimizer"], sharded)
         if cfg.online.enabled:
             data.feed.plan_with(model, runner)  # --policy planner plans with the model it trains
         batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...
@@ -352,8 +359,11 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
     model.train()
 
     def checkpoint(step: int) -> None:
+        model_state, optimizer_state = training_state(objective, optimizer, sharded)
         if world.is_main:
-            save_checkpoint(run_dir, model=model, optimizer=optimizer, step=step, model_args=args)
+            save_checkpoint(
+                run_dir, model=model_state, optimizer=optimizer_state, step=step, model_args=args
+            )
 
     try:
         check = _ActionCheck(cfg.data.path, args["action_dim"], data.warnings)

@@ -129,16 +129,15 @@ def model_bytes(model, optimizer) -> int:
 
 def build_model(cfg: SwmConfig, metadata: dict[str, Any]):
     """The world model for this config and dataset (swm's or ``model.factory``'s, seeded by
-    ``train.seed``) and its optimizer."""
+    ``train.seed``), with its memory levers on."""
     import torch
 
-    from swmcli.memory.levers import apply_levers, check_lever_combination, make_optimizer
+    from swmcli.memory.levers import apply_levers, check_lever_combination
     from swmcli.models.protocol import build_model as build_world_model
 
     check_lever_combination(cfg)
     torch.manual_seed(cfg.train.seed)
-    model = apply_levers(build_world_model(cfg.model, model_args(cfg, metadata)), cfg.runtime)
-    return model, make_optimizer(model, cfg.train, cfg.runtime.optimizer_in_backward)
+    return apply_levers(build_world_model(cfg.model, model_args(cfg, metadata)), cfg.runtime)
 
 
 def optimizer_step(
@@ -163,5 +162,7 @@ def optimizer_step(
             (terms["loss"] / micro_batches).backward()
         parts.append({key: torch.as_tensor(value).detach() for key, value in terms.items()})
     grad_norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm is a DTensor
+        grad_norm = grad_norm.full_tensor()
     optimizer.step()
     return parts, grad_norm

@@ -141,3 +141,35 @@ def test_the_launcher_names_the_killed_rank_when_its_peer_exits_in_the_same_seco
     peer.timestamp = killed.timestamp
     error = _failed_ranks_error({0: peer, 1: killed})
     assert "rank 1 was killed by SIGKILL" in error.message
+
+
+def test_sharded_ranks_accumulating_train_as_one_process(tiny_data, tmp_path):
+    """``torchrun --nproc-per-node 2 -m swmcli train --set runtime.shard=true`` (FSDP2 on gloo),
+    two micro-batches a step: the losses of one process on the global batch."""
+    flags = {"train.steps": 3, "train.log_every": 1, "train.grad_accum": 2, "train.batch_size": 8}
+    single = tmp_path / "one"
+    run_train(
+        resolve_config("tiny", flags={"data.path": tiny_data, "train.out": single, **flags}),
+        MemoryMonitor(),
+    )
+    sharded = tmp_path / "sharded"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun += ["--nproc-per-node", "2", "-m", "swmcli", "train", "--preset", "tiny"]
+    settings = [f"--set={key}={value}" for key, value in flags.items()]
+    settings += ["--set=runtime.shard=true", "--data", str(tiny_data), "--out", str(sharded)]
+    result = subprocess.run(
+        [*torchrun, *settings],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for a, b in zip(_metrics(single), _metrics(sharded), strict=True):
+        for key in ("loss", "prediction", "regularizer", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4), (a["step"], key)
+    # The checkpoint holds the whole model, as one process's does: eval needs no ranks.
+    from swmcli.models.checkpoint import load_checkpoint
+
+    whole, parts = load_checkpoint(single)["model"], load_checkpoint(sharded)["model"]
+    assert {k: v.shape for k, v in whole.items()} == {k: v.shape for k, v in parts.items()}

@@ -138,3 +138,40 @@ def test_levers_lower_the_predicted_peak():
     in_backward = predictor.predict(replace(one, in_backward=True))
     assert in_backward.peak_bytes < predictor.predict(one).peak_bytes
     assert in_backward.by_category["gradients"] < predictor.predict(one).by_category["gradients"]
+
+
+def test_gradient_accumulation_all_reduces_only_the_last_micro_batch(tmp_path):
+    """A real DDP (gloo, one rank) counting its all-reduces: one per optimizer step, however
+    many micro-batches it accumulates."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from swmcli.core.runner import make_runner
+    from swmcli.training import optimizer_step
+
+    class Squares(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+
+        def forward(self, batch):
+            return {"loss": self.linear(batch["x"]).square().mean()}
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(Squares())
+        reduced = []
+
+        def count(state, bucket):
+            reduced.append(bucket.index())
+            work = dist.all_reduce(bucket.buffer(), async_op=True)
+            return work.get_future().then(lambda future: future.value()[0])
+
+        ddp.register_comm_hook(None, count)
+        optimizer = torch.optim.AdamW(ddp.parameters())
+        batches = [{"x": torch.randn(2, 4)} for _ in range(3)]
+        optimizer_step(ddp, optimizer, iter(batches), make_runner(), 1.0, micro_batches=3)
+        assert len(reduced) == 1
+    finally:
+        dist.destroy_process_group()

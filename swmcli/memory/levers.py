@@ -12,6 +12,11 @@
   its gradient is freed at once, so the step never holds every gradient. Same updates; costs
   gradient clipping (there is no global norm before the update) and gradient accumulation, and
   runs in one process (data-parallel averaging happens after the hooks).
+- **Fully sharded data parallel** (``runtime.shard``, under torchrun): PyTorch's own FSDP2
+  ``fully_shard`` on each block, then on the whole model; every rank keeps ``1/ranks`` of the
+  parameters, gradients and AdamW state and all-gathers one block's weights at a time. Same
+  losses as one process on the global batch; costs an all-gather per block in forward and in
+  backward and a reduce-scatter of its gradients. Checkpoints hold the full (unsharded) state.
 
 ``apply_levers`` switches them on for a model; ``make_optimizer`` gives the optimizer the step
 uses; ``gradient_sync`` lets data-parallel gradient accumulation all-reduce only the last
@@ -30,18 +35,19 @@ from swmcli.errors import UsageError
 BLOCKS = "blocks"
 
 
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of ``model``: every child of every ``nn.ModuleList``."""
+    lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
+    return [child for module_list in lists for child in module_list]
+
+
 def checkpointed_types(model: nn.Module, choice: str) -> set[nn.Module]:
     """The modules of ``model`` that ``choice`` names: ``blocks`` or class names, comma-separated.
 
     Nested picks are dropped (a module inside another picked one is recomputed with it).
     """
     if choice == BLOCKS:
-        picked = {
-            child
-            for module in model.modules()
-            if isinstance(module, nn.ModuleList)
-            for child in module
-        }
+        picked = set(blocks(model))
     else:
         names = {name.strip() for name in choice.split(",") if name.strip()}
         picked = {module for module in model.modules() if type(module).__name__ in names}
@@ -143,6 +149,11 @@ def apply_levers(model: nn.Module, runtime_cfg) -> nn.Module:
 
 def check_lever_combination(cfg) -> None:
     """Refuse, before any work, levers that cannot go together with the other settings."""
+    if cfg.runtime.shard and cfg.runtime.nproc == 1:
+        raise UsageError(
+            "--shard splits the model over data-parallel ranks and this run has one",
+            hint="add --nproc 2 (or run under torchrun --nproc-per-node N), or drop --shard",
+        )
     if cfg.runtime.optimizer_in_backward:
         if cfg.train.grad_accum > 1:
             raise UsageError(
@@ -174,3 +185,40 @@ def gradient_sync(objective, last: bool) -> Iterator[None]:
             objective.set_requires_gradient_sync(True)
     else:
         yield
+
+
+def shard(objective: nn.Module, device: torch.device) -> nn.Module:
+    """``objective`` fully sharded over every rank (FSDP2): each block, then the whole; returns
+    it (``fully_shard`` works in place). Make the optimizer after this: it must see the shards."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for block in blocks(objective):
+        fully_shard(block, mesh=mesh)
+    return fully_shard(objective, mesh=mesh)
+
+
+def training_state(objective: nn.Module, optimizer, sharded: bool) -> tuple[dict, dict]:
+    """The model's and the optimizer's state to checkpoint, whole (a collective on every rank
+    when ``sharded``: the shards are gathered to rank 0's CPU memory)."""
+    if not sharded:
+        return objective.model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state, optimizer_state = get_state_dict(objective, optimizer, options=options)
+    prefix = "model."  # the checkpoint holds the model's own keys, as an unsharded run's does
+    return {key.removeprefix(prefix): value for key, value in model_state.items()}, optimizer_state
+
+
+def restore_optimizer(objective: nn.Module, optimizer, state: dict, sharded: bool) -> None:
+    """Load a checkpoint's (whole) optimizer state into ``optimizer`` (sharded or not)."""
+    if not sharded:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_optimizer_state_dict(objective, optimizer, state, options=options)

@@ -22,9 +22,10 @@ def checkpoint_path(run_dir: Path) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, *, model, optimizer, step: int, model_args: dict[str, int]
+    run_dir: Path, *, model: dict, optimizer: dict | None, step: int, model_args: dict[str, int]
 ) -> Path:
-    """Write model, optimizer, step and RNG state atomically; returns the checkpoint's path.
+    """Write the model's and optimizer's state dicts, step and RNG state atomically; returns the
+    checkpoint's path.
 
     ``model_args`` are the clip shape ``protocol.build_model`` takes besides the config
     (resolution, action_dim, frameskip, history_len), so eval rebuilds the model from the run alone.
@@ -35,8 +36,8 @@ def save_checkpoint(
         "format": FORMAT_VERSION,
         "step": step,
         "model_args": dict(model_args),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "model": model,
+        "optimizer": optimizer,
         "rng_torch": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
