@@ -169,6 +169,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "bf16": "runtime.bf16",
         "budget": "memprofile.budget",
         "ram_budget": "memprofile.ram_budget",
+        "picture": "memprofile.picture",
         "nproc": "runtime.nproc",
         "model": "model.factory",
         "activation_checkpointing": "runtime.activation_checkpointing",
@@ -598,6 +599,8 @@ def eval_(
     cls=_HelpInWords,
     epilog=_examples(
         "swm memprofile --resolution 224 --budget 24GiB",
+        "swm memprofile --preset vit-b-224 --budget 24GiB --picture memprofile.png",
+        "swm memprofile --model tests/models/mlp_world_model.py:build --budget 24GiB",
         "swm memprofile --preset gpu24-224-bf16 --budget 24GiB --ram-budget 64GB --json",
         "swm memprofile --run runs/tiny",
         "swm memprofile --preset gpu24-224-bf16 --nproc 8",
@@ -615,6 +618,13 @@ def memprofile(
     ram_budget: Annotated[str | None, typer.Option(help="host RAM budget, e.g. 64GB")] = None,
     snapshot: Annotated[
         Path | None, typer.Option(help="write a CUDA memory snapshot (GPU)")
+    ] = None,
+    picture: Annotated[
+        Path | None,
+        typer.Option(
+            help="draw the predicted peaks as stacked bars by category (per combination of "
+            "levers with --budget, else per technique) with the budget line, into this PNG"
+        ),
     ] = None,
     nproc: Nproc = None,
     model: Model = None,

@@ -289,12 +289,17 @@ def eval_budget(cfg: "SwmConfig") -> int:
 
 
 class MemprofileConfig(Section):
-    """`swm memprofile`: budgets to fit."""
+    """`swm memprofile`: budgets to fit, and the picture."""
 
     budget: int | None = Field(None, description="GPU memory budget, e.g. 24GiB")
     ram_budget: int | None = Field(None, description="host RAM budget, e.g. 64GB")
     sample_episodes: PositiveInt = Field(
         4, description="episodes written in each format to estimate the on-disk size"
+    )
+    picture: Path | None = Field(
+        None,
+        description="draw the predicted peaks as stacked bars by category (per combination of "
+        "levers with --budget, else per technique) with the budget line, into this PNG",
     )
 
     @field_validator("budget", "ram_budget", mode="before")

@@ -223,7 +223,8 @@ class PeakPredictor:
             with simulated_ranks(variant.ranks if data_parallel else 1):
                 peak = trace_step_peak(model, self.step_maker(variant))
             if data_parallel:
-                peak = _with_ddp_buckets(peak, model)
+                add = _with_shards if variant.shard else _with_ddp_buckets
+                peak = add(peak, model, variant.ranks)
             self._peaks[variant] = peak
             self.seconds += time.perf_counter() - start
         return self._peaks[variant]
@@ -272,11 +273,31 @@ def ddp_bucket_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def _with_ddp_buckets(peak: StepPeak, model) -> StepPeak:
+def _with_ddp_buckets(peak: StepPeak, model, ranks: int) -> StepPeak:
     # Allocated when DDP wraps the model and kept for the run: alive at every step's peak.
     buckets = ddp_bucket_bytes(model)
     by_category = {**peak.by_category, "ddp_buckets": buckets}
     return replace(peak, peak_bytes=peak.peak_bytes + buckets, by_category=by_category)
+
+
+def _with_shards(peak: StepPeak, model, ranks: int) -> StepPeak:
+    """One rank's peak under FSDP2 (``levers.shard``), from the unsharded trace: parameters,
+    gradients and AdamW state are ``1/ranks`` each, plus the whole weights FSDP gathers at once:
+    the root's (kept through the step) and two blocks' (the one computing, the one prefetched),
+    with their unsharded gradients before the reduce-scatter."""
+    from swmcli.memory.levers import blocks
+
+    def weights(module) -> int:
+        return sum(p.numel() * p.element_size() for p in module.parameters())
+
+    block_bytes = [weights(block) for block in blocks(model)]
+    root = weights(model) - sum(block_bytes)
+    gathered = 2 * root + 2 * max(block_bytes, default=0)
+    by_category = dict(peak.by_category)
+    for category in ("parameters", "gradients", "optimizer_state"):
+        by_category[category] = -(-by_category[category] // ranks)
+    by_category["fsdp_gathered"] = gathered
+    return replace(peak, peak_bytes=sum(by_category.values()), by_category=by_category)
 
 
 def largest_fitting(need: Callable[[int], int], budget: int, known: dict[int, int]) -> int:
