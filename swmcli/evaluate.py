@@ -72,7 +72,7 @@ def run_eval(
     if no_goal is None:
         episodes = _goal_episodes(cfg)
         with runner.inference(model), monitor.phase("plan"):
-            planned = run_episodes(model, cfg, runner, shape, episodes)
+            planned = run_episodes(model, cfg, runner, shape, episodes, monitor.stop_tracking)
         with monitor.phase("random baseline"):
             random = run_episodes(None, cfg, runner, shape, episodes)
         pictures = save_pictures(planned["recorded"], run_dir / EVAL_DIR, cfg.eval.planner)
@@ -85,7 +85,8 @@ def _check_eval_only(flags: dict | None, sets: list[str] | None) -> None:
     keys = [key for key, value in (flags or {}).items() if value is not None]
     keys += [item.partition("=")[0].strip() for item in sets or []]
     for key in keys:
-        if not key.startswith(("eval.", "runtime.")):
+        # model.factory may move (a renamed module, another checkout): its weights are the run's
+        if not key.startswith(("eval.", "runtime.")) and key != "model.factory":
             raise UsageError(
                 f"swm eval cannot change {key}: the model and its data are the run's",
                 hint="override eval settings only, e.g. --set eval.samples=300",
@@ -203,8 +204,11 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     return {"model": list(model_sum / len(windows)), "no_change": list(still_sum / len(windows))}
 
 
-def run_episodes(model, cfg: SwmConfig, runner, shape: dict[str, int], episodes) -> dict:
-    """Play ``episodes`` (``GoalEpisode``s): planning with ``model``, or random actions when None.
+def run_episodes(
+    model, cfg: SwmConfig, runner, shape: dict[str, int], episodes, first_done=lambda: None
+) -> dict:
+    """Play ``episodes`` (``GoalEpisode``s): planning with ``model``, or random actions when None;
+    ``first_done`` is called once the first has been played (memory tracking stops there).
 
     Returns per-episode ``success``, ``steps`` (env steps) and ``kind`` (of goal), the seconds
     spent planning, and the first episodes' frames (``recorded``: (frames, goal image, success)).
@@ -222,6 +226,8 @@ def run_episodes(model, cfg: SwmConfig, runner, shape: dict[str, int], episodes)
             if index < RECORDED_EPISODES:
                 outcome["recorded"].append((frames, _goal_image(episode, frames), success))
             advance(1, success_rate=float(np.mean(outcome["success"])))
+            if index == 0:
+                first_done()
     return outcome
 
 

@@ -44,6 +44,9 @@ METRICS_FILE = "metrics.jsonl"
 DATA_FINGERPRINT_FILE = "data.json"
 LOSS_CURVE_FILE = "loss_curve.png"
 PASSES_WARNING = 50  # more passes than this over the training clips and the model memorises them
+# Steady steps counted by the live-tensor tracker (CPU): the first sees the weights and AdamW state
+# only as it touches them, the second counts them from its start; later steps are alike, untracked.
+TRACKED_STEADY_STEPS = 2
 
 
 def _is_dataset(path: Path) -> bool:
@@ -95,7 +98,11 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world) -> SwmC
 
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
     data_path = location.resolve(location.as_location(cfg.data.path))
-    cfg = with_settings(cfg, {"data.path": data_path, "runtime.nproc": world.size})
+    from swmcli.models.protocol import portable_factory
+
+    factory = portable_factory(cfg.model.factory)
+    settings = {"data.path": data_path, "runtime.nproc": world.size, "model.factory": factory}
+    cfg = with_settings(cfg, settings)
     if world.is_main:
         save_config(cfg, run_dir)
     return cfg
@@ -544,6 +551,8 @@ def _loop(cfg, model, optimizer, batches, check, runner, monitor, start, checkpo
                 micro = [next(batches) for _ in range(cfg.train.grad_accum)]
                 check(micro)
                 last.update(_train_step(model, optimizer, micro, runner, step, cfg, world))
+                if step - start >= TRACKED_STEADY_STEPS:
+                    monitor.stop_tracking()  # their peak is every step's; the rest runs untracked
                 seconds = time.perf_counter() - began
                 if step > start:
                     steady["seconds"] += seconds

@@ -33,6 +33,7 @@ from swmcli.memory.trace import (
 from swmcli.memprofile import measure_rows, run_memprofile, technique_rows
 from swmcli.rollout import sample_episodes
 
+USER_MODEL = str(Path(__file__).parent / "models" / "mlp_world_model.py") + ":build"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -94,6 +95,27 @@ def test_prediction_equals_real_cpu_live_peak(tiny, changes):
 
     assert predicted.peak_bytes == pytest.approx(measured, rel=0.01)
     assert sum(predicted.by_category.values()) == predicted.peak_bytes
+
+
+@pytest.mark.parametrize("factory", [None, USER_MODEL], ids=["swm-model", "user-model"])
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"checkpointing": "blocks"}, {"in_backward": True}, {"bf16": True, "in_backward": True}],
+    ids=["plain", "checkpointing", "optimizer-in-backward", "bf16-optimizer-in-backward"],
+)
+def test_prediction_with_levers_equals_real_cpu_live_peak(factory, changes):
+    cfg = resolve_config("tiny", sets=[f'model.factory="{factory}"'] if factory else None)
+    if factory and changes.get("checkpointing"):
+        changes = {**changes, "checkpointing": "Linear"}  # an MLP has no blocks: per module type
+    predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
+    variant = replace(Variant("train", False, 8, cfg.data.history_len, 1), **changes)
+    model = predictor.model(variant.history_len, variant.frameskip, variant.checkpointing)
+    make = predictor.step_maker(variant)
+
+    predicted = trace_step_peak(model, make, fake=True, round_bytes=1)
+    measured = real_live_peak(copy.deepcopy(model), make)
+
+    assert predicted.peak_bytes == pytest.approx(measured, rel=0.05)
 
 
 def test_fake_and_real_traces_agree_by_category(tiny):
@@ -247,7 +269,7 @@ def test_plan_picks_the_cheapest_levers_that_fit(tiny):
 
 def test_cli_profiles_a_user_model_with_its_plan_and_picture(tmp_path):
     picture = tmp_path / "memprofile.png"
-    model = str(Path(__file__).parent / "models" / "mlp_world_model.py") + ":build"
+    model = USER_MODEL
     flags = ["--model", model, "--resolution", "224", "--budget", "24GiB", "--json"]
     flags += ["--set", "collect.max_steps=1000", "--picture", str(picture)]
     result = CliRunner().invoke(app, ["memprofile", *flags])

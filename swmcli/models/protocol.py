@@ -85,6 +85,15 @@ def _import_file(path: Path):
     return sys.modules[name]
 
 
+def portable_factory(spec: str | None) -> str | None:
+    """``spec`` with a file factory's path made absolute: a run's saved config then finds the
+    model from any directory (``swm eval RUN_DIR``)."""
+    source, _, name = (spec or "").rpartition(":")
+    if not source.endswith(".py"):
+        return spec
+    return f"{Path(source).resolve()}:{name}"
+
+
 def build_model(model_cfg, shape: dict[str, int]) -> nn.Module:
     """The world model ``model_cfg`` names, for clips of ``shape`` (resolution, action_dim,
     frameskip, history_len): swm's own, or what ``model_cfg.factory`` returns; checked against
