@@ -25,7 +25,7 @@ app = typer.Typer(
     epilog="Quick start: swm collect --preset tiny && swm train --preset tiny "
     "&& swm eval runs/tiny",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
@@ -106,6 +106,11 @@ Model = Annotated[
         "with encode and predict (optional loss); default: swm's JEPA model",
     ),
 ]
+# Another tool's dataset (stable-worldmodel, Minari): its column SRC read as swm's key DST.
+MapOption = Annotated[
+    list[str] | None,
+    typer.Option("--map", help="SRC=DST: another tool's column SRC as key DST (SRC= drops it)"),
+]
 
 
 # The setting each command's flags set (flag parameter -> section.key); --help shows its default.
@@ -145,6 +150,7 @@ FLAG_SETTINGS: dict[str, dict[str, str]] = {
         "activation_checkpointing": "runtime.activation_checkpointing",
         "optimizer_in_backward": "runtime.optimizer_in_backward",
         "shard": "runtime.shard",
+        "logger": "train.loggers",
     },
     "eval": {
         "protocol": "eval.protocol",
@@ -372,6 +378,8 @@ def collect(
         "swm convert data/tworoom.h5 data/frames --to folder --keys pixels,action",
         "swm convert data/a.lance data/a.h5 --overwrite",
         "swm convert s3://swm-bucket/tworoom/tiny.lance data/tiny.h5",
+        "swm convert data/pusht_expert.lance data/pusht.lance   # stable-worldmodel's, into swm",
+        "swm convert data/tiny.lance data/tiny-upstream.h5 --layout stable-worldmodel",
     ),
 )
 def convert(
@@ -384,6 +392,11 @@ def convert(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="replace DST if it exists")
     ] = False,
+    map_: MapOption = None,
+    layout: Annotated[
+        str,
+        typer.Option(help="swm, or stable-worldmodel (its Lance or HDF5 layout, by DST suffix)"),
+    ] = "swm",
     as_json: Json = False,
 ) -> None:
     """Convert a dataset between formats: streamed, verified by checksums, renamed into place."""
@@ -393,7 +406,9 @@ def convert(
         from swmcli.convert import run_convert
 
         with monitor.phase("convert"):
-            return run_convert(src, dst, to=to, keys=key_list, overwrite=overwrite)
+            return run_convert(
+                src, dst, to=to, keys=key_list, overwrite=overwrite, mapping=map_, layout=layout
+            )
 
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
 
@@ -411,6 +426,7 @@ def info(
     verify: Annotated[
         bool, typer.Option("--verify", help="read every episode against its checksums")
     ] = False,
+    map_: MapOption = None,
     as_json: Json = False,
 ) -> None:
     """Show a dataset: format, episodes, steps, keys with dtypes and shapes, bytes on disk."""
@@ -419,7 +435,7 @@ def info(
         from swmcli.convert import run_info
 
         with monitor.phase("inspect"):
-            return run_info(path, verify=verify)
+            return run_info(path, verify=verify, mapping=map_)
 
     _run(job, as_json=as_json, preset=None, config=None, sets=None, flags={})
 
@@ -509,6 +525,13 @@ def train(
     activation_checkpointing: ActivationCheckpointing = None,
     optimizer_in_backward: OptimizerInBackward = None,
     shard: Shard = None,
+    logger: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="also log to tensorboard and/or wandb (repeat the flag, or a comma list); "
+            "metrics.jsonl is always written"
+        ),
+    ] = None,
     preset: Preset = None,
     config: ConfigFile = None,
     set_: Sets = None,

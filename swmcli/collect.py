@@ -13,7 +13,7 @@ import numpy as np
 from swmcli.config import SwmConfig
 from swmcli.errors import SwmError
 from swmcli.report import CommandResult, progress
-from swmcli.rollout import action_dim_of, episode_rows, episode_seed, step_row
+from swmcli.rollout import action_dim_of, env_metadata, episode_rows, episode_seed, step_row
 
 
 def step_target(settings) -> int | None:
@@ -21,6 +21,26 @@ def step_target(settings) -> int | None:
     if settings.steps is not None:
         return settings.steps
     return None if settings.episodes is not None else settings.max_steps
+
+
+def buffer_steps(cfg: SwmConfig) -> tuple[int, str | None]:
+    """The buffer's cap: ``--max-steps``, or less when ``--steps`` or ``--episodes`` asks for
+    less (an episode is at most ``env.max_episode_steps`` steps plus its last observation's
+    row); the note says so when it is less."""
+    settings = cfg.collect
+    if settings.steps is not None:
+        asked, why = settings.steps, f"--steps {settings.steps:,}"
+    elif settings.episodes is not None:
+        asked = settings.episodes * (cfg.env.max_episode_steps + 1)
+        why = f"--episodes {settings.episodes:,} x at most {cfg.env.max_episode_steps + 1:,} rows"
+    else:
+        return settings.max_steps, None
+    if asked >= settings.max_steps:
+        return settings.max_steps, None
+    return asked, (
+        f"buffer sized for {asked:,} steps ({why}), not the --max-steps cap of "
+        f"{settings.max_steps:,}"
+    )
 
 
 def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
@@ -34,23 +54,23 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
     settings = cfg.collect
     with monitor.phase("setup"):
         env = make_env(
-            cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, seed=settings.seed
+            cfg.env.id,
+            cfg.env.resolution,
+            cfg.env.max_episode_steps,
+            seed=settings.seed,
+            kwargs=cfg.env.kwargs,
         )
         make_policy(settings.policy, env, settings.seed)  # refuses a policy the env cannot run
         action_dim = action_dim_of(env)
-        buffer = ReplayBuffer(settings.max_steps, seed=settings.seed)
+        cap, cap_note = buffer_steps(cfg)
+        buffer = ReplayBuffer(cap, seed=settings.seed)
         # A first row triggers the buffer's preflight and allocation before anything is written
         # (without asking the policy, whose seeded stream the rollouts then start from).
         obs, _ = env.reset(seed=settings.seed)
         buffer.add(step_row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False))
         buffer.clear()
-        metadata = {
-            "env_id": cfg.env.id,
-            "resolution": cfg.env.resolution,
-            "action_dim": action_dim,
-            "policy": settings.policy,
-            "random_episodes": settings.random_episodes,
-        }
+        metadata = env_metadata(cfg, action_dim, settings.policy)
+        metadata["random_episodes"] = settings.random_episodes
         writer = open_writer(settings.out, settings.format, mode="append", metadata=metadata)
 
     target = step_target(settings)
@@ -94,12 +114,13 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
             "evicted_episodes": buffer.evicted_episodes,
             "steps_per_s": round(steps / max(seconds, 1e-9), 1),
             "buffer_allocated_bytes": buffer.nbytes,
-            "buffer_cap_bytes": settings.max_steps * buffer.bytes_per_step,
+            "buffer_cap_steps": cap,
+            "buffer_cap_bytes": cap * buffer.bytes_per_step,
             "dataset_episodes": reader.num_episodes,
             "dataset_steps": reader.num_steps,
             "dataset_on_disk_bytes": reader.nbytes_on_disk,
         },
-        notes=[f"resolved config saved to {config_path}"],
+        notes=[*([cap_note] if cap_note else []), f"resolved config saved to {config_path}"],
     )
     reader.close()
     return result

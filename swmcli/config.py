@@ -32,6 +32,22 @@ def _dataset_location(value: Any) -> Any:
     return Path(value) if isinstance(value, str) and "://" not in value else value
 
 
+def _policy_name(*names: str):
+    """A validator: one of ``names``, or ``module:factory`` (a callable of the user's own)."""
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str) and (value in names or _is_module_attribute(value)):
+            return value
+        raise ValueError(f"use one of: {', '.join(names)}, or module:factory")
+
+    return BeforeValidator(check)
+
+
+def _is_module_attribute(value: str) -> bool:
+    module, sep, attribute = value.partition(":")
+    return bool(sep) and all(part.isidentifier() for part in [*module.split("."), attribute])
+
+
 # A dataset's place: a local Path, or an object-store URI kept as the string it is (pathlib
 # would fold ``s3://`` into ``s3:/``); storage checks the URI when it opens it.
 DatasetPath = Annotated[Path | str, BeforeValidator(_dataset_location)]
@@ -45,7 +61,13 @@ class Section(BaseModel):
 class EnvConfig(Section):
     """The gymnasium environment experience comes from."""
 
-    id: str = Field("swm/TwoRoom-v0", description="gymnasium env id")
+    id: str = Field(
+        "swm/TwoRoom-v0",
+        description="gymnasium env id; module:Id imports module first (it registers the env)",
+    )
+    kwargs: dict[str, Any] = Field(
+        {}, description="keyword arguments of gymnasium.make for this env (preset or --set)"
+    )
     resolution: PositiveInt = Field(64, description="square frame side in pixels")
     max_episode_steps: PositiveInt = Field(100, description="an episode is truncated after this")
 
@@ -64,8 +86,10 @@ class CollectConfig(Section):
         description="ReplayBuffer cap in steps (host RAM); without --episodes or --steps, "
         "collect stops once this many steps are written",
     )
-    policy: Literal["expert", "random"] = Field(
-        "expert", description="who picks the actions: expert or random"
+    policy: Annotated[str, _policy_name("expert", "random")] = Field(
+        "expert",
+        description="who picks the actions: expert, random, or module:factory (factory(env, "
+        "seed) returns observation -> action)",
     )
     random_episodes: int = Field(
         0,
@@ -217,16 +241,31 @@ class TrainConfig(Section):
     out: Path = Field(Path("runs/tworoom"), description="run directory")
     checkpoint_every: PositiveInt = Field(100, description="steps between atomic checkpoints")
     log_every: PositiveInt = Field(10, description="steps between metrics lines")
+    loggers: list[Literal["tensorboard", "wandb"]] = Field(
+        [],
+        description="also log to tensorboard and/or wandb (repeat the flag, or a comma list); "
+        "metrics.jsonl is always written",
+    )
+
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            return value
+        names = [name.strip() for item in items for name in str(item).split(",")]
+        return list(dict.fromkeys(name for name in names if name))
 
 
 class OnlineConfig(Section):
     """`swm train --online`: a policy fills the capped ReplayBuffer while the model trains."""
 
     enabled: bool = Field(False, description="collect in the env while training (--env ID)")
-    policy: Literal["expert", "random", "planner"] = Field(
+    policy: Annotated[str, _policy_name("expert", "random", "planner")] = Field(
         "expert",
-        description="who picks the actions online: expert, random, or planner (the model being "
-        "trained plans toward the env's goal with the [eval] planner settings, plus noise)",
+        description="who picks the actions online: expert, random, planner (the model being "
+        "trained plans toward the env's goal with the [eval] planner settings, plus noise), or "
+        "module:factory",
     )
     noise: float = Field(
         0.3, ge=0, description="Gaussian noise (std, action units) added to planned actions"

@@ -7,6 +7,7 @@ The copy itself (streamed, verified by checksums, renamed into place) is
 import time
 from pathlib import Path
 
+from swmcli.errors import UsageError
 from swmcli.report import CommandResult, Table, progress
 
 
@@ -16,16 +17,32 @@ def run_convert(
     to: str | None = None,
     keys: list[str] | None = None,
     overwrite: bool = False,
+    mapping: list[str] | None = None,
+    layout: str = "swm",
 ) -> CommandResult:
     """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given, with a progress bar; the result names both sizes.
+    ``mapping`` (``SRC=DST`` pairs) renames another tool's columns on the way in; ``layout``
+    "stable-worldmodel" writes that tool's own Lance or HDF5 layout instead of swm's.
     """
     from swmcli.core.storage.copy import copy_dataset
+    from swmcli.core.storage.foreign import parse_mapping
+    from swmcli.core.storage.foreign.export import LAYOUTS, export_dataset
 
+    if layout not in LAYOUTS:
+        raise UsageError(f"unknown layout {layout!r}", hint=f"use one of {', '.join(LAYOUTS)}")
+    if layout != "swm" and to is not None:
+        raise UsageError("--to and --layout stable-worldmodel", hint="the DST suffix picks it")
     started = time.perf_counter()
     with progress("convert", total=_episode_count(src)) as advance:
-        copied = copy_dataset(
-            src, dst, to=to, keys=keys, overwrite=overwrite, on_episode=lambda *_: advance(1)
+        copied = (copy_dataset if layout == "swm" else export_dataset)(
+            src,
+            dst,
+            keys=keys,
+            overwrite=overwrite,
+            on_episode=lambda *_: advance(1),
+            mapping=parse_mapping(mapping),
+            **({"to": to} if layout == "swm" else {}),
         )
     fields = {
         "src": str(copied.src),
@@ -52,17 +69,22 @@ def _episode_count(path: str | Path) -> int:
         reader.close()
 
 
-def run_info(path: str | Path, verify: bool = False) -> CommandResult:
+def run_info(
+    path: str | Path, verify: bool = False, mapping: list[str] | None = None
+) -> CommandResult:
     """What ``swm info PATH`` shows: format, episodes, steps, bytes on disk and per step, the
     metadata, and a table of keys with their per-row dtype and shape. ``verify`` first reads
-    every episode against its checksums and fails naming the damaged ones.
+    every episode against its checksums and fails naming the damaged ones. Another tool's
+    dataset also shows its codec, whether it is lossy, its convention and the column mapping
+    (``mapping``: ``SRC=DST`` overrides).
     """
     import numpy as np
 
     from swmcli.core.storage import open_reader
     from swmcli.core.storage.checksums import verify as verify_checksums
+    from swmcli.core.storage.foreign import parse_mapping
 
-    reader = open_reader(path)
+    reader = open_reader(path, parse_mapping(mapping))
     try:
         verified = verify_checksums(reader) if verify else {}
         on_disk = reader.nbytes_on_disk

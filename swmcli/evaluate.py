@@ -24,6 +24,7 @@ import numpy as np
 
 from swmcli.config import SwmConfig, eval_budget, load_run_config
 from swmcli.errors import UsageError
+from swmcli.loggers import check_installed, log_once
 from swmcli.report import CommandResult, Table, info, progress, warn
 
 EVAL_DIR = "eval"
@@ -52,6 +53,7 @@ def run_eval(
     run_dir = Path(run_dir)
     _check_eval_only(flags, sets)
     cfg = load_run_config(run_dir, flags, sets)
+    check_installed(cfg.train.loggers)
     runner = make_runner(
         bf16=cfg.runtime.bf16, compile=cfg.runtime.compile, cpu_threads=cfg.runtime.cpu_threads
     )
@@ -62,12 +64,12 @@ def run_eval(
     with monitor.phase("load"):
         model, state = load_model(run_dir, cfg, runner)
     shape = state["model_args"]
-    _check_data_fits_model(cfg, shape, run_dir)
+    cfg = _check_data_fits_model(cfg, shape, run_dir)
+    no_goal = _why_no_planning(cfg, shape)
     with runner.inference(model), monitor.phase("warm-up"):
         _warm_up(model, shape, runner)
     with runner.inference(model), monitor.phase("open-loop error"):
         errors = open_loop_errors(model, cfg, runner)
-    no_goal = _why_no_planning(cfg, shape)
     reaching = None
     if no_goal is None:
         episodes = _goal_episodes(cfg)
@@ -77,7 +79,10 @@ def run_eval(
             random = run_episodes(None, cfg, runner, shape, episodes)
         pictures = save_pictures(planned["recorded"], run_dir / EVAL_DIR, cfg.eval.planner)
         reaching = (planned, random, pictures)
-    return _result(run_dir, cfg, runner, state["step"], errors, reaching, no_goal)
+    result = _result(run_dir, cfg, runner, state["step"], errors, reaching, no_goal)
+    pictures = {"eval/strip": result.fields.get("strip")}
+    log_once(cfg.train.loggers, run_dir, state["step"], values=result.fields, pictures=pictures)
+    return result
 
 
 def _check_eval_only(flags: dict | None, sets: list[str] | None) -> None:
@@ -94,18 +99,37 @@ def _check_eval_only(flags: dict | None, sets: list[str] | None) -> None:
 
 
 def _why_no_planning(cfg: SwmConfig, shape: dict[str, int]) -> str | None:
-    """None when the run's env gives goal images; otherwise why there is no planning result."""
-    from swmcli.envs import has_goal_image, make_env
+    """None when the run's env can be planned in; otherwise why there is no planning result.
 
-    env = make_env(cfg.env.id, shape["resolution"], cfg.env.max_episode_steps, seed=cfg.eval.seed)
+    The dataset protocol needs an env that can be set to a recorded state (refused in one line
+    otherwise: it was asked for); random goals need an env that gives a goal image. An env that
+    cannot be made here (a package missing) leaves the open-loop error only.
+    """
+    from swmcli.envs import has_goal_image, make_env
+    from swmcli.envs.plugins import check_restorable
+
     try:
+        env = make_env(
+            cfg.env.id,
+            shape["resolution"],
+            cfg.env.max_episode_steps,
+            cfg.eval.seed,
+            cfg.env.kwargs,
+        )
+    except UsageError as error:
+        return f"no planning result: cannot make {cfg.env.id} here: {error.message} ({error.hint})"
+    try:
+        if cfg.eval.protocol == "dataset":
+            check_restorable(env)
+            return None
         if has_goal_image(env):
             return None
     finally:
         env.close()
     return (
-        f"no planning result: {cfg.env.id} gives no goal image to plan toward "
-        "(goal reaching needs a goal-conditioned env such as swm/TwoRoom-v0)"
+        f"no planning result: {cfg.env.id} gives no goal image to plan toward on random goals "
+        "(use --protocol dataset where the env can be set to a recorded state, or a "
+        "goal-conditioned env such as swm/TwoRoom-v0)"
     )
 
 
@@ -126,15 +150,18 @@ def load_model(run_dir: Path, cfg: SwmConfig, runner):
     return runner.prepare(model), state
 
 
-def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path) -> None:
+def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path) -> SwmConfig:
     """Refuse data whose frames or actions are not what the run was trained on (the dataset may
-    have been replaced since), before any step that would fail on the shapes."""
+    have been replaced since), before any step that would fail on the shapes. Returns ``cfg``
+    with the env the data came from (runs trained before the run config kept it)."""
     from swmcli.core.storage import open_reader
+    from swmcli.rollout import env_of_data
 
     reader = open_reader(cfg.data.path)  # metadata only: no rows are read
     try:
         pixels = reader.keys["pixels"][1] if "pixels" in reader.keys else None
         action = reader.keys["action"][1] if "action" in reader.keys else None
+        metadata = reader.metadata
     finally:
         reader.close()
     side, action_dim = shape["resolution"], shape["action_dim"]
@@ -144,6 +171,7 @@ def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path)
             f"on {side}x{side} frames and {action_dim} action values",
             hint=f"restore the data the run was trained on (data.path in {run_dir}/config.json)",
         )
+    return env_of_data(cfg, metadata)
 
 
 def _warm_up(model, shape: dict[str, int], runner) -> None:
@@ -233,16 +261,17 @@ def run_episodes(
 
 def _play(model, cfg: SwmConfig, runner, shape, episode):
     """One episode: (success, frames, kind of goal, seconds spent choosing actions)."""
-    from swmcli.envs import goal_kind, goal_pixels, make_env, reset_to_recorded
+    from swmcli.envs import goal_kind, goal_pixels, make_env
+    from swmcli.envs.plugins import restore_recorded
 
     budget = eval_budget(cfg)
     limit = max(cfg.env.max_episode_steps, budget)
-    env = make_env(cfg.env.id, shape["resolution"], limit, seed=episode.seed)
+    env = make_env(cfg.env.id, shape["resolution"], limit, episode.seed, cfg.env.kwargs)
     if episode.state is None:
         observation, _ = env.reset(seed=episode.seed)
         episode.goal_pixels = goal_pixels(env)
     else:
-        observation = reset_to_recorded(env, episode.state, episode.goal_state, episode.seed)
+        env, observation = restore_recorded(env, episode.state, episode.goal_state, episode.seed)
     kind = goal_kind(env)
     act = _actor(model, cfg, runner, shape, env, episode.goal_pixels, episode.seed)
     success, frames, seconds = _episode(env, observation, act, budget)

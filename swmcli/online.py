@@ -24,7 +24,7 @@ import numpy as np
 
 from swmcli.config import SwmConfig
 from swmcli.errors import UsageError
-from swmcli.rollout import action_dim_of, episode_rows, episode_seed, step_row
+from swmcli.rollout import action_dim_of, env_metadata, episode_rows, episode_seed, step_row
 from swmcli.training import TRAIN_KEYS
 
 
@@ -38,7 +38,9 @@ class OnlineFeed:
 
         self.cfg = cfg
         self.seed = cfg.train.seed
-        self.env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, self.seed)
+        self.env = make_env(
+            cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, self.seed, cfg.env.kwargs
+        )
         if cfg.online.policy == "planner":
             _check_plannable(self.env, cfg.env.id)
         else:  # refuses a policy the env cannot run
@@ -62,12 +64,7 @@ class OnlineFeed:
     @property
     def metadata(self) -> dict:
         """What ``model_args`` and a record dataset need to know about the data."""
-        return {
-            "env_id": self.cfg.env.id,
-            "resolution": self.cfg.env.resolution,
-            "action_dim": self.action_dim,
-            "policy": self.cfg.online.policy,
-        }
+        return env_metadata(self.cfg, self.action_dim, self.cfg.online.policy)
 
     def open_record(self, resume: bool) -> None:
         """Open ``--record`` for appending; when resuming, refill the buffer from it first."""

@@ -54,7 +54,8 @@ def dataset_episodes(path, settings) -> list[GoalEpisode]:
         if "state" not in reader.keys:
             raise UsageError(
                 f"{path} records no 'state', which --protocol dataset sets the env to",
-                hint="collect with swm/TwoRoom-v0, or use --protocol random-goal",
+                hint="collect from an env whose observation holds its state (swm/TwoRoom-v0, "
+                "gym-pusht), or use --protocol random-goal",
             )
         starts = _draw_starts(reader.episode_lengths, heldout, settings)
         episodes = []

@@ -168,41 +168,123 @@ def _fields_table(result: CommandResult):
     from rich.text import Text
 
     table = RichTable(title=result.title, show_header=False, title_justify="left")
-    table.add_column(style="bold")
+    table.add_column(style="bold", no_wrap=True)
     table.add_column()
     for key, value in result.fields.items():
         table.add_row(_label(key), Text(_cell(key, value)))
     return table
 
 
-def _rich_table(spec: Table):
+def _fitted_table(
+    title: str | None,
+    headers: list[str],
+    rows: list[list[str]],
+    width: int,
+    *,
+    justify: str = "left",
+    show_edge: bool = True,
+):
+    """A table whose first column (the row names) stays whole within ``width`` columns.
+
+    Rich's table where the names fit beside the other columns at their narrowest (each wrapped
+    at its longest word); else rows that wrap under their name (``_stacked``), so a 9-column
+    table piped to a log file reads ``gradient-free eval`` and not ``gradi…``.
+    """
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    table = RichTable(title=spec.title, title_justify="left")
-    for column in spec.columns:
-        table.add_column(_label(column))
-    for row in spec.rows:
-        cells = zip(spec.columns, row, strict=True)
-        table.add_row(*(Text(_cell(column, cell)) for column, cell in cells))
+    names = max(len(cell) for cell in [headers[0], *(row[0] for row in rows)])
+    narrowest = [_longest_word([header, *cells]) for header, cells in _value_columns(headers, rows)]
+    borders = 3 * len(headers) + (1 if show_edge else -1)
+    if names + sum(narrowest) + borders > width:
+        return _stacked(title, headers, rows, width)
+    table = RichTable(title=title, title_justify="left", show_edge=show_edge)
+    table.add_column(headers[0], no_wrap=True)
+    for header in headers[1:]:
+        table.add_column(header, justify=justify)
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
     return table
 
 
-def memory_panel(report) -> Any:
+def _value_columns(headers: list[str], rows: list[list[str]]) -> list[tuple[str, list[str]]]:
+    """(header, cells) of every column but the first."""
+    return [(header, [row[i] for row in rows]) for i, header in enumerate(headers) if i]
+
+
+def _longest_word(cells: list[str]) -> int:
+    return max(len(word) for cell in cells for word in [*cell.split(), ""])
+
+
+_GAP = "  "  # between the columns of a stacked table
+
+
+def _stacked(title: str | None, headers: list[str], rows: list[list[str]], width: int):
+    """Rows that wrap under their name: the values right-aligned in columns at the right edge,
+    a name too long for the room left of them on its own line above its values. Where even the
+    values do not fit ``width``, each value goes on its own line as ``header: value``."""
+    import textwrap
+
+    from rich.text import Text
+
+    text = Text()
+    if title:
+        text.append(title + "\n", style="italic")
+    # Values stay on one line; a header wraps at its words.
+    widths = [
+        max([_longest_word([header]), *(len(cell) for cell in cells)])
+        for header, cells in _value_columns(headers, rows)
+    ]
+    block = len(_GAP.join(" " * w for w in widths))
+    if block > width:
+        for row in rows:
+            text.append(row[0] + "\n", style="bold")
+            for header, cell in zip(headers[1:], row[1:], strict=True):
+                text.append(f"  {header}: {cell}\n")
+        text.rstrip()
+        return text
+    room = width - block - len(_GAP)
+    wrapped = [
+        textwrap.wrap(header, w) or [""] for header, w in zip(headers[1:], widths, strict=True)
+    ]
+    depth = max(len(lines) for lines in wrapped)
+    for line in range(depth):
+        cells = [
+            lines[line - depth + len(lines)] if line >= depth - len(lines) else ""
+            for lines in wrapped
+        ]
+        first = headers[0] if line == depth - 1 and len(headers[0]) <= room else ""
+        values = _GAP.join(cell.rjust(w) for cell, w in zip(cells, widths, strict=True))
+        text.append(first.ljust(room) + _GAP + values + "\n", style="bold")
+    for row in rows:
+        values = _GAP.join(cell.rjust(w) for cell, w in zip(row[1:], widths, strict=True))
+        if len(row[0]) > room:
+            text.append(row[0] + "\n", style="bold")
+            text.append(" " * room + _GAP + values + "\n")
+        else:
+            text.append(row[0], style="bold")
+            text.append(" " * (room - len(row[0])) + _GAP + values + "\n")
+    text.rstrip()
+    return text
+
+
+def _rich_table(spec: Table, width: int):
+    cells = [[_cell(c, v) for c, v in zip(spec.columns, row, strict=True)] for row in spec.rows]
+    return _fitted_table(spec.title, [_label(c) for c in spec.columns], cells, width)
+
+
+def memory_panel(report, width: int = 80) -> Any:
     """The memory report: CUDA peaks per phase, or "no CUDA device" plus host and tensor peaks."""
     from rich.panel import Panel
-    from rich.table import Table as RichTable
 
     on_cuda = report.cuda == "cuda"
-    table = RichTable(show_edge=False)
-    table.add_column("phase")
-    table.add_column("seconds", justify="right")
+    headers = ["phase", "seconds"]
     if on_cuda:
-        for column in ("peak allocated", "peak reserved", "% of device", "retries", "OOMs"):
-            table.add_column(column, justify="right")
-    table.add_column("host peak RSS", justify="right")
+        headers += ["peak allocated", "peak reserved", "% of device", "retries", "OOMs"]
+    headers.append("host peak RSS")
     if not on_cuda:
-        table.add_column("peak live tensors", justify="right")
+        headers.append("peak live tensors")
+    rows = []
     for phase in report.phases:
         row = [phase.name, f"{phase.seconds:.1f}"]
         if on_cuda:
@@ -218,7 +300,9 @@ def memory_panel(report) -> Any:
         if not on_cuda:
             live = phase.live_tensor_peak_bytes
             row.append("not tracked" if live is None else format_bytes(live))
-        table.add_row(*row)
+        rows.append(row)
+    inside = width - 4  # the panel's border and padding
+    table = _fitted_table(None, headers, rows, inside, justify="right", show_edge=False)
     title = "memory: peak CUDA per phase" if on_cuda else f"memory: {report.cuda} — host figures"
     return Panel(table, title=title, title_align="left", border_style="cyan")
 
@@ -239,10 +323,12 @@ def emit(result: CommandResult, memory, as_json: bool) -> None:
     console = _stdout_console()
     console.print(_fields_table(result))
     for spec in result.tables:
-        console.print(_rich_table(spec))
+        console.print(_rich_table(spec, console.width))
+    from rich.markup import escape
+
     for note in result.notes:
-        console.print(f"[dim]{note}[/dim]")
-    console.print(memory_panel(memory))
+        console.print(f"[dim]{escape(note)}[/dim]")
+    console.print(memory_panel(memory, console.width))
 
 
 def _json_value(value: Any) -> Any:

@@ -34,6 +34,54 @@ def episode_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
 
 
+def env_metadata(cfg: SwmConfig, action_dim: int, policy: str) -> dict:
+    """What a dataset records of the env and policy that made it (``env_of_data`` reads it)."""
+    return {
+        "env_id": cfg.env.id,
+        "env_kwargs": dict(cfg.env.kwargs),
+        "max_episode_steps": cfg.env.max_episode_steps,
+        "resolution": cfg.env.resolution,
+        "action_dim": action_dim,
+        "policy": policy,
+    }
+
+
+def env_of_data(cfg: SwmConfig, metadata: Mapping[str, Any]) -> SwmConfig:
+    """``cfg`` with its ``env`` section set to the env the data came from (its metadata), so a
+    run trained on it, and ``swm eval`` of that run, play that env. Metadata without an env id
+    (foreign datasets) leaves ``cfg`` as it is."""
+    from swmcli.config import with_settings
+
+    if not metadata.get("env_id"):
+        return cfg
+    settings: dict[str, Any] = {"env.id": metadata["env_id"]}
+    if isinstance(metadata.get("env_kwargs"), dict):
+        settings["env.kwargs"] = metadata["env_kwargs"]
+    if metadata.get("max_episode_steps"):
+        settings["env.max_episode_steps"] = int(metadata["max_episode_steps"])
+    resolution = metadata.get("resolution")
+    side = resolution[0] if isinstance(resolution, list) and resolution else resolution
+    if isinstance(side, int):
+        settings["env.resolution"] = side
+    return with_settings(cfg, settings)
+
+
+def env_of_dataset(cfg: SwmConfig) -> SwmConfig:
+    """``env_of_data`` with the metadata of ``cfg.data.path`` (opened for its metadata only);
+    ``cfg`` as it is when there is no dataset there yet (reading the data reports that)."""
+    from swmcli.core.storage import open_reader
+    from swmcli.errors import MissingPathError
+
+    try:
+        reader = open_reader(cfg.data.path)
+    except MissingPathError:
+        return cfg
+    try:
+        return env_of_data(cfg, reader.metadata)
+    finally:
+        reader.close()
+
+
 def action_dim_of(env) -> int:
     """Floats in one stored action (1 for a discrete action space)."""
     shape = env.action_space.shape
@@ -70,7 +118,7 @@ def sample_episodes(cfg: SwmConfig, episodes: int) -> tuple[list[dict[str, np.nd
     from swmcli.envs.policies import make_policy
 
     seed = cfg.collect.seed
-    env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, seed=seed)
+    env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, seed, cfg.env.kwargs)
     policy = make_policy(cfg.collect.policy, env, seed)
     action_dim = action_dim_of(env)
     result = []

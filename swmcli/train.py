@@ -27,6 +27,7 @@ from pathlib import Path
 
 from swmcli.config import CONFIG_FILE, SwmConfig, load_run_config, save_config, with_settings
 from swmcli.errors import SwmError, UsageError
+from swmcli.loggers import check_installed, log_once, open_loggers
 from swmcli.models.checkpoint import checkpoint_path
 from swmcli.report import CommandResult, format_seconds, info, progress, silence, warn
 from swmcli.training import (
@@ -94,6 +95,10 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world) -> SwmC
     if cfg.online.enabled and cfg.online.record is not None:
         # `swm eval RUN_DIR` reads held-out episodes from the data the run recorded.
         cfg = with_settings(cfg, {"data.path": cfg.online.record})
+    if not cfg.online.enabled:  # the run plays the env its data came from (`swm eval RUN_DIR`)
+        from swmcli.rollout import env_of_dataset
+
+        cfg = env_of_dataset(cfg)
     from swmcli.core.storage import location
 
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
@@ -304,6 +309,7 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
     )
     from swmcli.models.protocol import Objective
 
+    check_installed(cfg.train.loggers)
     cfg = _prepare_run(cfg, resume, steps, world)
     run_dir = Path(cfg.train.out)
     runner = make_runner(
@@ -384,7 +390,8 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         return None
     if world.size > 1:
         monitor.report.phases += rank_peaks(every_rank)
-    draw_loss_curve(run_dir / METRICS_FILE, run_dir / LOSS_CURVE_FILE)
+    curve = draw_loss_curve(run_dir / METRICS_FILE, run_dir / LOSS_CURVE_FILE)
+    log_once(cfg.train.loggers, run_dir, cfg.train.steps, pictures={"train/loss_curve": curve})
     parameters = sum(p.numel() for p in model.parameters())
     return CommandResult(
         title="swm train",
@@ -536,12 +543,14 @@ def _loop(cfg, model, optimizer, batches, check, runner, monitor, start, checkpo
 
     run_dir = Path(cfg.train.out)
     metrics_file = run_dir / METRICS_FILE if world.is_main else os.devnull
+    logger_names = cfg.train.loggers if world.is_main else []
     clips_per_step = cfg.train.batch_size * cfg.train.grad_accum
     last: dict[str, float] = {}
     steady = {"seconds": 0.0, "steps": 0}
     with (
         progress("train", total=cfg.train.steps - start) as advance,
         open(metrics_file, "a") as metrics,
+        open_loggers(logger_names, run_dir, first_step=start) as loggers,
         deferred_interrupts() as interrupted,
     ):
 
@@ -562,6 +571,7 @@ def _loop(cfg, model, optimizer, batches, check, runner, monitor, start, checkpo
                 if done % cfg.train.log_every == 0 or done == cfg.train.steps or step == start:
                     metrics.write(json.dumps({"step": done, **last}) + "\n")
                     metrics.flush()
+                    loggers.scalars(done, last)
                 saved = done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps
                 stop = any_rank(interrupted(), world)
                 if saved or stop:

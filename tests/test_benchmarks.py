@@ -1,4 +1,4 @@
-"""The benchmarks the README quotes still run, at a toy size (their figures are the README's)."""
+"""The benchmarks the docs quote still run, at a toy size (their figures are in docs/)."""
 
 import os
 import subprocess

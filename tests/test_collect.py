@@ -28,7 +28,10 @@ def test_collect_tiny_to_lance_reports_and_reads_back(tmp_path):
     assert report["episodes"] == 3 and report["dataset_episodes"] == 3
     assert report["format"] == "lance"
     assert report["buffer_allocated_bytes"] > 0
-    assert report["buffer_cap_bytes"] == 5000 * (32 * 32 * 3 + 4 * 2 + 4 + 1 + 1 + 4 * 2 + 4 * 2)
+    # Sized for 3 episodes of at most 40 steps plus their last rows, not the preset's 5,000 cap.
+    assert report["buffer_cap_steps"] == 3 * 41
+    row_bytes = 32 * 32 * 3 + 4 * 2 + 4 + 1 + 1 + 4 * 2 + 4 * 2
+    assert report["buffer_cap_bytes"] == 3 * 41 * row_bytes
     assert report["memory"]["cuda"] == "no CUDA device"
     reader = open_reader(out)
     assert reader.num_steps == report["steps"]
@@ -91,10 +94,23 @@ def test_buffer_cap_evicts_whole_episodes_while_collecting(tmp_path):
 
 def test_budget_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "big.lance"
-    result = _collect("--out", str(out), "--resolution", "224", "--max-steps", "2000000")
+    result = _collect(
+        "--out", str(out), "--resolution", "224", "--max-steps", "2000000", "--episodes", "99999"
+    )
     assert result.exit_code == 2
     assert "at most" in result.output and "GB" in result.output
     assert not out.exists()
+
+
+def test_the_buffer_is_sized_for_the_steps_asked_not_the_default_cap(tmp_path):
+    # The default cap (200,000 steps at 224 x 224: about 30 GB) refused this before.
+    out = tmp_path / "small.lance"
+    command = ["collect", "--resolution", "224", "--steps", "100", "--out", str(out)]
+    result = runner.invoke(app, [*command, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["buffer_cap_steps"] == 100 and report["steps"] == 100
+    assert any("buffer sized for 100 steps (--steps 100)" in note for note in report["notes"])
 
 
 def test_ctrl_c_keeps_finished_episodes(tmp_path):

@@ -1,6 +1,5 @@
 """swmcli.envs: the TwoRoom env, make_env for any gymnasium id, goal images and policies."""
 
-import importlib.util
 import math
 import warnings
 from typing import ClassVar
@@ -238,7 +237,7 @@ def test_unknown_policy_and_expert_off_tworoom_are_usage_errors():
         make_policy("greedy", env, seed=0)
     assert "random" in caught.value.hint
     tiny = make_env(TINY_ID, 32, 10, seed=0)
-    with pytest.raises(UsageError, match="only knows swm/TwoRoom-v0"):
+    with pytest.raises(UsageError, match="no expert policy for TinyEnv"):
         make_policy("expert", tiny, seed=0)
 
 
@@ -265,11 +264,22 @@ def test_goal_pixels_needs_a_goal_conditioned_env():
         goal_pixels(env)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pygame") is not None, reason="pygame is installed")
-def test_a_missing_renderer_is_a_usage_error_with_the_pip_line():
-    with pytest.raises(UsageError, match="CartPole-v1 needs a package") as caught:
-        make_env("CartPole-v1", 64, 50)
-    assert caught.value.hint == 'pip install "gymnasium[classic-control]"'
+class NeedsBox2dEnv(TinyEnv):
+    """An env whose optional package is missing, as gymnasium's Box2D envs fail without it."""
+
+    def __init__(self, render_mode=None):
+        raise gym.error.DependencyNotInstalled(
+            "Box2D is not installed, you can install it by run `pip install swig` followed by "
+            '`pip install "gymnasium[box2d]"`'
+        )
+
+
+def test_a_missing_package_is_a_usage_error_with_the_pip_line():
+    if "swmtest/NeedsBox2d-v0" not in gym.envs.registry:
+        gym.register(id="swmtest/NeedsBox2d-v0", entry_point=NeedsBox2dEnv)
+    with pytest.raises(UsageError, match="swmtest/NeedsBox2d-v0 needs a package") as caught:
+        make_env("swmtest/NeedsBox2d-v0", 64, 50)
+    assert caught.value.hint == 'pip install swig && pip install "gymnasium[box2d]"'
 
 
 def test_unknown_ids_and_tiny_resolutions_are_usage_errors():

@@ -139,7 +139,8 @@ def test_missing_run_and_missing_checkpoint_are_clear_errors(tiny_run, tmp_path)
 
 def test_dataset_protocol_starts_from_recorded_states_with_goals_offset_ahead(tiny_run):
     from swmcli.core.storage import open_reader
-    from swmcli.envs import make_env, reset_to_recorded
+    from swmcli.envs import make_env
+    from swmcli.envs.plugins import restore_recorded
     from swmcli.protocols import goal_episodes
 
     cfg = resolve_config(
@@ -158,7 +159,7 @@ def test_dataset_protocol_starts_from_recorded_states_with_goals_offset_ahead(ti
         np.testing.assert_array_equal(episode.state, rows["state"][step])
         np.testing.assert_array_equal(episode.goal_pixels, rows["pixels"][step + 5])
         env = make_env(cfg.env.id, cfg.env.resolution, 50, seed=0)
-        observation = reset_to_recorded(env, episode.state, episode.goal_state, seed=0)
+        env, observation = restore_recorded(env, episode.state, episode.goal_state, seed=0)
         # The env now is where the dataset was: same frame, and its goal is the state 5 steps on.
         np.testing.assert_array_equal(observation["pixels"], rows["pixels"][step])
         np.testing.assert_allclose(env.unwrapped.goal, rows["state"][step + 5], atol=1e-5)
@@ -204,11 +205,12 @@ def test_dataset_protocol_refuses_offsets_longer_than_every_episode(tiny_run):
 def test_envs_that_cannot_be_set_to_a_recorded_state_are_refused():
     from test_envs import TINY_ID
 
-    from swmcli.envs import make_env, reset_to_recorded
+    from swmcli.envs import make_env
+    from swmcli.envs.plugins import restore_recorded
 
     env = make_env(TINY_ID, 32, 10, seed=0)
     with pytest.raises(UsageError, match="cannot be set to a recorded state"):
-        reset_to_recorded(env, np.zeros(4), np.zeros(4), seed=0)
+        restore_recorded(env, np.zeros(4), np.zeros(4), seed=0)
 
 
 def test_wilson_interval_matches_the_textbook_values():

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from torch import nn
 from typer.testing import CliRunner
 
+from swmcli import report
 from swmcli.cli import app
 from swmcli.config import resolve_config
 from swmcli.core.buffer import step_bytes
@@ -283,6 +284,18 @@ def test_cli_profiles_a_user_model_with_its_plan_and_picture(tmp_path):
     )
     assert lacking.exit_code == 2
     assert "has no method predict(latents, actions) -> next latents" in lacking.output
+
+
+def test_the_tables_piped_at_80_columns_keep_every_row_name_whole(tiny_result, capsys, monkeypatch):
+    _, result, monitor = tiny_result
+    monkeypatch.setenv("COLUMNS", "80")
+    report.emit(result, monitor.report, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not any("…" in line for line in lines)
+    for name in ("fp32 train (baseline)", "gradient-free eval + bf16", "history 6"):
+        # in both tables: the techniques, and the 9-column one by category
+        assert sum(name in line for line in lines) == 2, name
 
 
 def test_buffer_ram_at_224_is_30_gb():

@@ -144,7 +144,7 @@ def test_format_from_suffix_then_existing_then_lance(tmp_path):
 
 
 def test_lance_is_readable_without_swm(tmp_path):
-    """The README's recipe: plain lance and pyarrow, the frame's shape from the swm metadata."""
+    """docs/datasets.md's recipe: plain lance and pyarrow, the frame shape from the swm metadata."""
     import json
 
     import lance

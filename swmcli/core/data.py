@@ -265,7 +265,7 @@ def _lance_opened() -> bool:
 def _describe_fork_safe(path: Path, cache_dir: Path | None) -> dict:
     """Index the dataset; for Lance, in a forked child so this process stays fork-safe."""
     if (
-        detect(path) != "lance"
+        not detect(path).endswith("lance")  # swm's Lance, or stable-worldmodel's
         or _lance_opened()
         or "fork" not in multiprocessing.get_all_start_methods()
     ):
@@ -405,7 +405,7 @@ def _worker_context(dataset):
     methods = multiprocessing.get_all_start_methods()
     if "fork" not in methods:
         return None
-    if getattr(dataset, "format", None) == "lance" and _lance_opened():
+    if _lance_opened():  # swm's Lance or another tool's: either way this process holds Lance
         return multiprocessing.get_context("forkserver")
     # The workers open the dataset after the fork; Lance's blanket warning does not apply.
     warnings.filterwarnings("ignore", message="lance is not fork-safe")

@@ -28,13 +28,22 @@ def register() -> None:
 register()
 
 
-def make_env(env_id: str, resolution: int, max_episode_steps: int, seed: int | None = None):
+def make_env(
+    env_id: str,
+    resolution: int,
+    max_episode_steps: int,
+    seed: int | None = None,
+    kwargs: dict | None = None,
+):
     """A gymnasium env for ``env_id`` whose observations are ``{"pixels", ...}`` dicts.
 
-    TwoRoom renders natively at ``resolution``; any other id is made with
-    ``render_mode="rgb_array"`` and its frames resized. Episodes are truncated after
-    ``max_episode_steps``. The env is reset once with ``seed`` (and its action space seeded) so a
-    missing renderer fails here, before any collection, and the episode stream is reproducible.
+    ``env_id`` is any registered id, or gymnasium's ``module:Id``, which imports ``module`` (that
+    registers the env) first; ``kwargs`` go to ``gym.make``. TwoRoom renders natively at
+    ``resolution``; any other id is made with ``render_mode="rgb_array"``, its frames resized, and
+    a bounded Box action space rescaled to [-1, 1] (what the planners sample). Episodes are
+    truncated after ``max_episode_steps``. The env is reset once with ``seed`` (and its action
+    space seeded) so a missing renderer fails here, before any collection, and the episode stream
+    is reproducible.
     """
     if resolution < MIN_RESOLUTION:
         raise UsageError(
@@ -51,11 +60,40 @@ def make_env(env_id: str, resolution: int, max_episode_steps: int, seed: int | N
                 max_episode_steps=max_episode_steps,
             )
         else:
-            inner = gym.make(env_id, render_mode="rgb_array", max_episode_steps=max_episode_steps)
-            env = PixelObservation(inner, resolution)
+            inner = gym.make(
+                env_id,
+                render_mode="rgb_array",
+                max_episode_steps=max_episode_steps,
+                **(kwargs or {}),
+            )
+            _check_renders(inner, env_id)
+            env = PixelObservation(_unit_actions(inner), resolution)
         env.reset(seed=seed)
         env.action_space.seed(seed)
     return env
+
+
+def _check_renders(env, env_id: str) -> None:
+    """Refuse an env that cannot draw ``rgb_array`` frames, before anything is stepped."""
+    modes = env.unwrapped.metadata.get("render_modes", [])
+    if "rgb_array" not in modes:
+        env.close()
+        raise UsageError(
+            f"{env_id} has no rgb_array rendering (its render modes: {list(modes) or 'none'}), "
+            "and swm learns from pixels",
+            hint="use an env whose metadata lists 'rgb_array' among its render_modes",
+        )
+
+
+def _unit_actions(env):
+    """``env`` with a bounded Box action space other than [-1, 1] rescaled to [-1, 1]."""
+    space = env.action_space
+    if not isinstance(space, gym.spaces.Box) or not space.is_bounded():
+        return env
+    if np.all(space.low == -1.0) and np.all(space.high == 1.0):
+        return env
+    ones = np.ones(space.shape, space.dtype)
+    return gym.wrappers.RescaleAction(env, -ones, ones)
 
 
 # Frames alive while rendering one step: the static background, the frame, masks and a resize.
@@ -89,7 +127,7 @@ def goal_pixels(env) -> np.ndarray:
     render_goal = getattr(env.unwrapped, "goal_pixels", None)
     if render_goal is None:
         raise UsageError(
-            f"planning needs a goal-conditioned env, and {_env_name(env)} gives no goal image",
+            f"planning needs a goal-conditioned env, and {env_name(env)} gives no goal image",
             hint=f"evaluate planning on {TWOROOM_ID}",
         )
     return render_goal()
@@ -100,24 +138,6 @@ def has_goal_image(env) -> bool:
     return getattr(env.unwrapped, "goal_pixels", None) is not None
 
 
-def reset_to_recorded(env, state: np.ndarray, goal_state: np.ndarray, seed: int) -> dict:
-    """Reset ``env`` with the agent at a recorded ``state`` and the goal at ``goal_state``.
-
-    This is what the dataset protocol of ``swm eval`` needs; only envs that can be set to a
-    recorded state (TwoRoom, whose state is the agent's position) support it.
-    """
-    from swmcli.envs.tworoom import TwoRoomEnv
-
-    if not isinstance(env.unwrapped, TwoRoomEnv):
-        raise UsageError(
-            f"{_env_name(env)} cannot be set to a recorded state, which --protocol dataset needs",
-            hint="use --protocol random-goal (or evaluate on swm/TwoRoom-v0)",
-        )
-    options = {"start": tuple(state.tolist()), "goal": tuple(goal_state.tolist())}
-    observation, _ = env.reset(seed=seed, options=options)
-    return observation
-
-
 def goal_kind(env) -> str:
     """The kind of the current goal as the env names it (TwoRoom: same or other room), or "all"."""
     describe = getattr(env.unwrapped, "goal_kind", None)
@@ -125,22 +145,26 @@ def goal_kind(env) -> str:
 
 
 class PixelObservation(gym.Wrapper):
-    """Turns any ``rgb_array`` env into ``{"pixels", "state"}`` observations at one resolution.
+    """Turns any ``rgb_array`` env into ``{"pixels", "state", ...}`` observations at one resolution.
 
-    ``pixels`` is ``env.render()`` resized (bilinear) to resolution x resolution; ``state`` is the
-    original observation, flattened to float32, when that is a Box (absent otherwise).
+    ``pixels`` is the env's frame (``env.render()``, or the frame its plugin draws) resized
+    (bilinear) to resolution x resolution. A Box observation is kept as ``state``, flattened to
+    float32; a Dict of Boxes keeps each of its keys so (``pixels`` excepted). That is what the
+    dataset records per step, and what the dataset protocol sets the env back to.
     """
 
     def __init__(self, env: gym.Env, resolution: int):
         super().__init__(env)
+        from swmcli.envs.plugins import plugin_for
+
         self.resolution = resolution
+        self._draw = plugin_for(env).frame
         spaces = {"pixels": gym.spaces.Box(0, 255, (resolution, resolution, 3), np.uint8)}
-        original = env.observation_space
-        self._has_state = isinstance(original, gym.spaces.Box)
-        if self._has_state:
-            spaces["state"] = gym.spaces.Box(
-                original.low.reshape(-1).astype(np.float32),
-                original.high.reshape(-1).astype(np.float32),
+        self._vectors = _vector_spaces(env.observation_space)
+        for key, space in self._vectors.items():
+            spaces[key] = gym.spaces.Box(
+                space.low.reshape(-1).astype(np.float32),
+                space.high.reshape(-1).astype(np.float32),
                 dtype=np.float32,
             )
         self.observation_space = gym.spaces.Dict(spaces)
@@ -148,12 +172,12 @@ class PixelObservation(gym.Wrapper):
     def reset(self, **kwargs):
         """Reset the wrapped env and observe its first frame."""
         observation, info = self.env.reset(**kwargs)
-        return self._observe(observation), info
+        return self.observe(observation), info
 
     def step(self, action):
         """Step the wrapped env and observe its new frame."""
         observation, reward, terminated, truncated, info = self.env.step(action)
-        return self._observe(observation), reward, terminated, truncated, info
+        return self.observe(observation), reward, terminated, truncated, info
 
     def render(self):
         """The wrapped env's frame at the chosen resolution."""
@@ -162,10 +186,10 @@ class PixelObservation(gym.Wrapper):
     def _pixels(self) -> np.ndarray:
         from PIL import Image
 
-        frame = self.env.render()
+        frame = self.env.render() if self._draw is None else self._draw(self.env.unwrapped)
         if frame is None or np.ndim(frame) != 3 or np.shape(frame)[2] not in (3, 4):
             raise UsageError(
-                f"{_env_name(self)} did not render an RGB frame",
+                f"{env_name(self)} did not render an RGB frame",
                 hint="use an env that supports render_mode='rgb_array'",
             )
         image = Image.fromarray(np.asarray(frame, np.uint8)[..., :3])
@@ -173,11 +197,30 @@ class PixelObservation(gym.Wrapper):
             image = image.resize((self.resolution, self.resolution), Image.BILINEAR)
         return np.asarray(image)
 
-    def _observe(self, observation) -> dict[str, np.ndarray]:
+    def observe(self, observation) -> dict[str, np.ndarray]:
+        """The dict observation of the wrapped env's ``observation`` and its current frame."""
         result = {"pixels": self._pixels()}
-        if self._has_state:
-            result["state"] = np.asarray(observation, np.float32).reshape(-1)
+        for key in self._vectors:
+            value = (
+                observation
+                if key == "state" and not isinstance(observation, dict)
+                else (observation[key])
+            )
+            result[key] = np.asarray(value, np.float32).reshape(-1)
         return result
+
+
+def _vector_spaces(space) -> dict[str, gym.spaces.Box]:
+    """The Box parts of an observation space by the key swm stores them under."""
+    if isinstance(space, gym.spaces.Box):
+        return {"state": space}
+    if isinstance(space, gym.spaces.Dict):
+        return {
+            key: part
+            for key, part in space.spaces.items()
+            if isinstance(part, gym.spaces.Box) and key != "pixels" and len(part.shape) <= 1
+        }
+    return {}
 
 
 @contextmanager
@@ -210,10 +253,10 @@ def _usage_errors(env_id: str):
 
 
 def _pip_hint(message: str) -> str:
-    """The ``pip install ...`` line gymnasium's message names, or a generic one."""
-    match = re.search(r"pip install (\"[^\"]+\"|'[^']+'|\S+)", message)
-    if match:
-        return f"pip install {match.group(1).strip('`')}"
+    """The ``pip install ...`` lines gymnasium's message names (in order), or a generic one."""
+    packages = re.findall(r"pip install (\"[^\"]+\"|'[^']+'|\S+)", message)
+    if packages:
+        return " && ".join(f"pip install {package.strip('`')}" for package in packages)
     return "install the package named above with pip"
 
 
@@ -226,6 +269,7 @@ def _missing_module(error: ImportError) -> str:
     return name.split(".")[0]
 
 
-def _env_name(env) -> str:
+def env_name(env) -> str:
+    """The env's registered id, else its class name (for messages)."""
     spec = getattr(env, "spec", None)
     return spec.id if spec is not None else type(env.unwrapped).__name__

@@ -1,11 +1,16 @@
-"""Scripted policies for collection: ``random`` (any env) and a noisy ``expert`` (TwoRoom).
+"""Policies for collection: ``random`` (any env), the env's noisy ``expert`` (TwoRoom's, and
+those of the env plugins that ship one), and ``module:factory``, a callable of your own.
 
 A policy is a plain callable from one observation dict to one action array, seeded at creation.
+``module:factory`` names a function ``factory(env, seed)`` that returns such a callable; ``env``
+is the env as swm wraps it (``{"pixels", "state", ...}`` observations, bounded Box actions
+rescaled to [-1, 1]).
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Callable
 
 import numpy as np
@@ -20,16 +25,47 @@ DOOR_ALIGNED = 0.04  # |y - door centre| under which the expert heads straight t
 def make_policy(name: str, env, seed: int, *, noise: float = 0.3) -> Callable[[dict], np.ndarray]:
     """A seeded policy ``observation -> action`` for ``env``.
 
-    ``random`` samples the env's action space. ``expert`` (TwoRoom only) steers toward the goal,
-    via the door when the goal is in the other room, with Gaussian noise of standard deviation
-    ``noise`` (in action units) added and the result clipped to the action space, so the data
-    holds varied actions.
+    ``random`` samples the env's action space. ``expert`` is the env plugin's scripted expert
+    (TwoRoom's steers toward the goal, via the door when the goal is in the other room) with
+    noise ``noise`` (action units), so the data holds varied actions. ``module:factory`` is
+    ``factory(env, seed)``.
     """
     if name == "random":
         return _random_policy(env, seed)
     if name == "expert":
         return _expert_policy(env, seed, noise)
-    raise UsageError(f"unknown policy {name!r}", hint=f"use one of: {', '.join(POLICIES)}")
+    if ":" in name:
+        return _factory_policy(name, env, seed)
+    raise UsageError(
+        f"unknown policy {name!r}", hint=f"use one of: {', '.join(POLICIES)}, or module:factory"
+    )
+
+
+def _factory_policy(name: str, env, seed: int) -> Callable[[dict], np.ndarray]:
+    """``module:factory``'s policy: ``factory(env, seed)``, checked to be a callable."""
+    module_name, _, attribute = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        missing = (error.name or module_name).split(".")[0]
+        raise UsageError(
+            f"--policy {name}: cannot import {module_name!r} ({error})",
+            hint=f"pip install {missing}, or put the module on PYTHONPATH",
+        ) from error
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise UsageError(
+            f"--policy {name}: {module_name} has no callable {attribute!r}",
+            hint="name a function factory(env, seed) that returns observation -> action",
+        )
+    policy = factory(env, seed)
+    if not callable(policy):
+        raise UsageError(
+            f"--policy {name}: {attribute}(env, seed) returned {type(policy).__name__}, "
+            "not a callable",
+            hint="the factory must return a function observation -> action",
+        )
+    return policy
 
 
 def _random_policy(env, seed: int) -> Callable[[dict], np.ndarray]:
@@ -46,15 +82,24 @@ def _random_policy(env, seed: int) -> Callable[[dict], np.ndarray]:
 
 
 def _expert_policy(env, seed: int, noise: float) -> Callable[[dict], np.ndarray]:
-    from swmcli.envs.tworoom import MAX_STEP, TwoRoomEnv
+    from swmcli.envs.plugins import plugin_for
 
-    if not isinstance(env.unwrapped, TwoRoomEnv):
+    expert = plugin_for(env).expert
+    if expert is None:
         raise UsageError(
-            f"the expert policy only knows swm/TwoRoom-v0, not {type(env.unwrapped).__name__}",
-            hint="use --policy random for other envs",
+            f"swm has no expert policy for {type(env.unwrapped).__name__} (it has one for "
+            "swm/TwoRoom-v0 and gym-pusht's Push-T)",
+            hint="use --policy random, or your own --policy module:factory",
         )
     if noise < 0:
         raise UsageError(f"expert noise must be >= 0, got {noise}", hint="try 0.3")
+    return expert(env, seed, noise)
+
+
+def tworoom_expert(env, seed: int, noise: float) -> Callable[[dict], np.ndarray]:
+    """TwoRoom's expert: toward the goal (via the door), plus Gaussian ``noise``, clipped."""
+    from swmcli.envs.tworoom import MAX_STEP
+
     rng = np.random.default_rng(seed)
 
     def act(observation: dict) -> np.ndarray:

@@ -78,6 +78,10 @@ def detect(path: str | Path) -> str:
         raise MissingPathError(
             f"no dataset at {path}", hint="check the path (collect one with `swm collect`)"
         )
+    from swmcli.core.storage import foreign
+
+    if foreign_format := foreign.detect(path):  # another tool's layout (bring your data)
+        return foreign_format
     if path.is_file():
         with path.open("rb") as handle:
             if handle.read(8) == _HDF5_SIGNATURE:
@@ -87,8 +91,9 @@ def detect(path: str | Path) -> str:
     elif (path / FOLDER_METADATA).is_file():
         return "folder"
     raise UsageError(
-        f"{path} is not a swm dataset (lance, hdf5 or folder)",
-        hint="point to a .lance directory, an .h5 file or a folder written by swm",
+        f"{path} is neither a swm dataset (lance, hdf5 or folder) nor one swm imports "
+        f"({', '.join(foreign.FOREIGN_FORMATS)})",
+        hint="point to a .lance directory, an .h5 file or a folder written by swm or those tools",
     )
 
 
@@ -122,10 +127,16 @@ def _module(fmt: str):
     return module
 
 
-def open_reader(path: str | Path) -> Reader:
-    """Open the dataset at ``path`` for reading, whatever its format."""
+def open_reader(path: str | Path, mapping: Mapping[str, str] | None = None) -> Reader:
+    """Open the dataset at ``path`` for reading, whatever its format; another tool's dataset has
+    its columns renamed to swm's keys (``mapping`` {source: key} overrides the defaults)."""
+    from swmcli.core.storage import foreign
+
     path = as_location(path)
-    return _module(detect(path)).open_reader(path)
+    fmt = detect(path)
+    if fmt in foreign.FOREIGN_FORMATS:
+        return foreign.open_reader(path, fmt, mapping)
+    return _module(fmt).open_reader(path)
 
 
 def resolve_format(path: str | Path, format: str | None = None) -> str:

@@ -1,0 +1,261 @@
+"""Bring your data: datasets written by stable-worldmodel (0.1.1 and main) and Minari open by
+their path alone, in swm's row convention, say what they are, convert and train; damaged or
+hostile files are one line and a non-zero exit."""
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from swmcli.cli import app
+from swmcli.core.storage import detect, open_reader
+from swmcli.errors import DatasetError, UsageError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+UPSTREAM = FIXTURES / "stable_worldmodel"
+runner = CliRunner()
+
+
+def swm(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def read_all(path, **kwargs) -> list[dict]:
+    reader = open_reader(path, **kwargs)
+    try:
+        return [reader.read_episode(i) for i in range(reader.num_episodes)]
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("version", ["0.1.1", "main"])
+@pytest.mark.parametrize("name", ["tworoom.lance", "tworoom.h5"])
+def test_upstream_fixtures_open_in_swms_convention(version, name):
+    path = UPSTREAM / version / name
+    assert detect(path) == ("stable-worldmodel-lance" if name.endswith("lance") else
+                            "stable-worldmodel-hdf5")  # fmt: skip
+    reader = open_reader(path)
+    assert reader.metadata["source_convention"].startswith(f"stable-worldmodel {version}")
+    lengths = reader.episode_lengths.tolist()
+    reader.close()
+    assert lengths == ([6, 6] if version == "0.1.1" else [7, 7])  # main keeps the reset frame
+    for episode in read_all(path):
+        assert episode["pixels"].shape[1:] == (32, 32, 3) and episode["pixels"].dtype == np.uint8
+        assert np.isnan(episode["action"][-1]).all()  # swm: no action from the last observation
+        assert np.isfinite(episode["action"][:-1]).all()
+        assert episode["reward"][0] == 0  # main's NaN reset reward becomes swm's first-row 0
+        assert episode["truncated"][-1] and not episode["truncated"][:-1].any()
+
+
+def test_0_1_1_and_main_agree_after_import():
+    """Both fixtures are the same seeded rollouts: 0.1.1 lost the reset frame and rotated the
+    actions, so once imported its row t must be main's row t+1, frames and actions alike."""
+    old, new = read_all(UPSTREAM / "0.1.1/tworoom.h5"), read_all(UPSTREAM / "main/tworoom.h5")
+    for released, current in zip(old, new, strict=True):
+        assert np.array_equal(released["pixels"], current["pixels"][1:])
+        assert np.array_equal(released["action"][:-1], current["action"][1:-1])
+        assert np.array_equal(released["state"], current["state"][1:])
+
+
+def test_hdf5_is_read_bit_exact_and_lance_frames_within_jpeg_error():
+    raw = h5py.File(UPSTREAM / "main/tworoom.h5", "r")
+    hdf5, lance = read_all(UPSTREAM / "main/tworoom.h5"), read_all(UPSTREAM / "main/tworoom.lance")
+    assert np.array_equal(np.concatenate([e["pixels"] for e in hdf5]), raw["pixels"][:])
+    assert np.array_equal(np.concatenate([e["state"] for e in hdf5]), raw["state"][:])
+    for exact, jpeg in zip(hdf5, lance, strict=True):
+        error = np.abs(exact["pixels"].astype(int) - jpeg["pixels"].astype(int))
+        assert 0 < error.mean() < 3  # JPEG q95: lossy, and close
+        np.testing.assert_array_equal(exact["action"], jpeg["action"])
+
+
+def test_info_names_format_convention_codec_and_mapping():
+    result = swm("info", UPSTREAM / "0.1.1/tworoom.lance", "--json")
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["format"] == "stable-worldmodel-lance"
+    assert shown["source_codec"] == "JPEG quality 95"
+    assert shown["source_lossy"].startswith("frames (pixels)")
+    assert "0.1.1" in shown["source_convention"] and "NaN" in shown["alignment"]
+    assert shown["mapping"] == "same names"
+    result = swm("info", UPSTREAM / "main/tworoom.h5", "--json", "--map", "state=proprio_xy",
+                 "--map", "id=")  # fmt: skip
+    shown = json.loads(result.stdout)
+    assert shown["source_lossy"] is False and shown["mapping"] == {"state": "proprio_xy"}
+    keys = [row[0] for row in shown["tables"][0]["rows"]]
+    assert "proprio_xy" in keys and "state" not in keys and "id" not in keys
+    result = swm("info", UPSTREAM / "main/tworoom.h5", "--map", "nothere=pixels")
+    assert result.exit_code == 2 and "not a column" in result.output
+
+
+def test_convert_streams_into_swm_and_trains(tmp_path):
+    out = tmp_path / "imported.lance"
+    result = swm("convert", UPSTREAM / "0.1.1/tworoom.lance", out)
+    assert result.exit_code == 0, result.output
+    assert detect(out) == "lance"
+    for imported, direct in zip(read_all(out), read_all(UPSTREAM / "0.1.1/tworoom.lance"),
+                                strict=True):  # fmt: skip
+        assert imported.keys() == direct.keys()
+        for key in direct:
+            np.testing.assert_array_equal(imported[key], direct[key])
+    assert open_reader(out).metadata["source_codec"] == "JPEG quality 95"  # provenance kept
+    result = swm("train", "--data", UPSTREAM / "main/tworoom.h5", "--steps", "2", "--batch-size",
+                 "2", "--history-len", "2", "--frameskip", "1", "--set", "eval.heldout_episodes=1",
+                 "--out", tmp_path / "run")  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
+# ------------------------------------------------------------------ hostile and damaged input
+
+
+def upstream_hdf5(path: Path, **overrides) -> Path:
+    """A small file in stable-worldmodel's HDF5 layout, with some datasets replaced."""
+    columns = {
+        "pixels": np.zeros((6, 8, 8, 3), np.uint8),
+        "action": np.ones((6, 2), np.float32),
+        "ep_len": np.array([3, 3], np.int32),
+        "ep_offset": np.array([0, 3], np.int64),
+    }
+    columns.update(overrides)
+    with h5py.File(path, "w") as file:
+        for name, value in columns.items():
+            if isinstance(value, tuple):  # (shape, dtype): declared, never written
+                file.create_dataset(name, shape=value[0], dtype=value[1], chunks=True)
+            else:
+                file.create_dataset(name, data=value)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"ep_len": np.array([3, 4], np.int32)}, "add up to 7 rows, 6 are stored"),
+        ({"ep_len": np.array([6, 0], np.int32)}, "add up to"),
+        ({"ep_offset": np.array([0, 2], np.int64)}, "ep_offset does not follow"),
+        ({"ep_len": ((2**40,), np.int64)}, "claims"),  # a header asking for 8 TB
+        ({"pixels": ((6, 4096, 4096, 3), np.uint8)}, "claims"),
+        ({"action": np.ones((5, 2), np.float32)}, "different lengths"),
+    ],
+)
+def test_damaged_upstream_hdf5_is_one_line(tmp_path, overrides, message):
+    path = upstream_hdf5(tmp_path / "bad.h5", **overrides)
+    with pytest.raises(DatasetError, match=message):
+        open_reader(path)
+    result = swm("info", path)
+    assert result.exit_code == 1 and result.output.startswith("error:")
+    assert "Traceback" not in result.output
+
+
+def test_hostile_jpeg_and_lance_index(tmp_path):
+    import lance
+    import pyarrow as pa
+
+    from swmcli.core.storage.foreign import jpeg
+
+    header = FIXTURES / "stable_worldmodel/main/tworoom.lance"
+    blob = lance.dataset(str(header)).take([0], columns=["pixels"]).column(0)[0].as_py()
+    index = blob.index(b"\xff\xc0")  # start of frame: height and width follow the precision
+    giant = blob[: index + 5] + (6000).to_bytes(2, "big") * 2 + blob[index + 9 :]
+    with pytest.raises(DatasetError, match="claims 6000x6000"):
+        jpeg.decode([giant], (32, 32, 3), "crafted")
+    table = pa.table({
+        "episode_idx": pa.array([0, 0, 1, 0], pa.int32()),  # episode 0 split in two runs
+        "step_idx": pa.array([0, 1, 0, 2], pa.int32()),
+        "action": pa.FixedSizeListArray.from_arrays(pa.array(np.ones(8, np.float32)), 2),
+    })  # fmt: skip
+    lance.write_dataset(table, str(tmp_path / "split.lance"))
+    result = swm("info", tmp_path / "split.lance")
+    assert result.exit_code == 1 and "not contiguous" in result.output
+
+
+def test_unknown_directory_is_a_usage_error(tmp_path):
+    (tmp_path / "something").mkdir()
+    with pytest.raises(UsageError, match="nor one swm imports"):
+        detect(tmp_path / "something")
+
+
+# ------------------------------------------------------------------ export to stable-worldmodel
+
+
+@pytest.fixture(scope="module")
+def swm_dataset(tmp_path_factory) -> Path:
+    """A swm Lance dataset: frames, float32/bool/float64 columns, NaN last actions."""
+    from test_storage import make_episode
+
+    from swmcli.core.storage import open_writer
+
+    path = tmp_path_factory.mktemp("swm") / "source.lance"
+    with open_writer(path, mode="error", metadata={"env_id": "swm/TwoRoom-v0"}) as writer:
+        for seed, length in enumerate((5, 3, 7)):
+            episode = make_episode(seed, length)
+            ramp = np.arange(32, dtype=np.uint8)[None, :, None, None] * 7  # smooth: JPEG-friendly
+            episode["pixels"] = np.broadcast_to(ramp + 9 * seed, (length, 32, 32, 3)).copy()
+            episode["pixels"][:, 8:14, 10:20] = (250, 40, 90)
+            episode["score"] = np.linspace(0, 1, length, dtype=np.float64) / 3
+            writer.write_episode(episode)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".lance"])
+def test_export_round_trip(swm_dataset, tmp_path, suffix):
+    out = tmp_path / f"upstream{suffix}"
+    result = swm("convert", swm_dataset, out, "--layout", "stable-worldmodel", "--json")
+    assert result.exit_code == 0, result.output
+    layout = "stable-worldmodel-lance" if suffix == ".lance" else "stable-worldmodel-hdf5"
+    assert json.loads(result.stdout)["format"] == detect(out) == layout
+    back = tmp_path / "back.lance"
+    assert swm("convert", out, back).exit_code == 0
+    for original, returned in zip(read_all(swm_dataset), read_all(back), strict=True):
+        assert original.keys() == returned.keys()
+        for key, value in original.items():
+            assert returned[key].dtype == value.dtype and returned[key].shape == value.shape
+            if suffix == ".h5" or key not in ("pixels", "score"):
+                np.testing.assert_array_equal(returned[key], value, err_msg=key)  # bit-exact
+        if suffix == ".lance":  # JPEG q95 frames, and float64 held as float32
+            error = np.abs(returned["pixels"].astype(int) - original["pixels"].astype(int))
+            assert error.mean() < 4
+            np.testing.assert_allclose(returned["score"], original["score"], rtol=1e-6)
+
+
+def test_export_refuses_other_destinations(swm_dataset, tmp_path):
+    result = swm("convert", swm_dataset, tmp_path / "out", "--layout", "stable-worldmodel")
+    assert result.exit_code == 2 and ".lance directory or .h5 file" in result.output
+    result = swm("convert", swm_dataset, tmp_path / "o.h5", "--layout", "lerobot-v9")
+    assert result.exit_code == 2 and "unknown layout" in result.output
+
+
+UPSTREAM_CHECK = """
+import sys, numpy as np
+from stable_worldmodel.data import load_dataset
+dataset = load_dataset(sys.argv[1], num_steps=2, frameskip=1)
+clip = dataset[0]
+print(len(dataset), tuple(clip["pixels"].shape), tuple(clip["action"].shape))
+"""
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".lance"])
+def test_upstreams_own_loader_reads_the_export(swm_dataset, tmp_path, suffix):
+    """stable-worldmodel's own load_dataset on what swm wrote: runs where the package imports,
+    in this interpreter or in the one SWM_UPSTREAM_PYTHON names (its own venv)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    python = os.environ.get("SWM_UPSTREAM_PYTHON")
+    if python is None and importlib.util.find_spec("stable_worldmodel") is not None:
+        python = sys.executable
+    if python is None:
+        pytest.skip(
+            "stable-worldmodel is not importable: set SWM_UPSTREAM_PYTHON to a venv's python"
+        )
+    out = tmp_path / f"upstream{suffix}"
+    assert swm("convert", swm_dataset, out, "--layout", "stable-worldmodel").exit_code == 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [python, "-c", UPSTREAM_CHECK, str(out)], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "12 (2, 3, 32, 32) (2, 2)"

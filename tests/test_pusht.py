@@ -1,0 +1,129 @@
+"""Push-T (gym-pusht, the ``[pusht]`` extra) through swm's dataset protocol, at tiny sizes.
+
+The mechanics the pusht-64 figures rest on: a recorded state set back exactly, goals
+``goal_offset`` steps ahead in the same episode, the budget, success as the goal state reached,
+the random baseline on the same episodes, and data in which the block moves. Skipped, visibly,
+where gym-pusht is not installed.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gym_pusht", reason="Push-T needs the [pusht] extra: pip install gym-pusht")
+
+from swmcli.collect import run_collect
+from swmcli.config import resolve_config
+from swmcli.core.runner import make_runner
+from swmcli.core.storage import open_reader
+from swmcli.envs import make_env
+from swmcli.envs.plugins import restore_recorded
+from swmcli.envs.policies import make_policy
+from swmcli.evaluate import _goal_episodes, load_model, run_episodes, run_eval
+from swmcli.memory.measure import MemoryMonitor
+from swmcli.train import run_train
+
+TINY = {
+    "env.resolution": 32,
+    "env.max_episode_steps": 30,
+    "env.kwargs": {"observation_width": 32, "observation_height": 32},
+    "collect.episodes": 5,
+    "collect.random_episodes": 1,
+    "train.steps": 3,
+    "train.batch_size": 4,
+    "model.cnn_width": 4,
+    "model.predictor_depth": 1,
+    "model.predictor_dim": 32,
+    "data.num_workers": 0,
+    "eval.heldout_episodes": 2,
+    "eval.episodes": 3,
+    "eval.goal_offset": 6,
+    "eval.max_steps": 8,
+    "eval.samples": 8,
+    "eval.iterations": 1,
+    "eval.elites": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def pusht_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("pusht")
+    flags = {**TINY, "collect.out": root / "p.lance", "data.path": root / "p.lance"}
+    cfg = resolve_config("pusht-64", flags={**flags, "train.out": root / "run"})
+    run_collect(cfg, MemoryMonitor())
+    run_train(cfg, MemoryMonitor())
+    return root / "run"
+
+
+def _cfg(run_dir: Path):
+    return resolve_config(config_file=run_dir / "config.json")
+
+
+def test_recorded_states_are_set_back_exactly_with_goals_offset_ahead(pusht_run):
+    cfg = _cfg(pusht_run)
+    assert cfg.env.id == "gym_pusht:gym_pusht/PushT-v0"  # the run plays the data's env
+    reader = open_reader(cfg.data.path)
+    episodes = _goal_episodes(cfg)
+    assert len(episodes) == 3
+    for episode in episodes:
+        index, step = episode.source
+        rows = reader.read_episode(index, keys=["state", "pixels"])
+        np.testing.assert_array_equal(episode.goal_state, rows["state"][step + 6])
+        env = make_env(cfg.env.id, 32, 50, seed=0, kwargs=cfg.env.kwargs)
+        env, observation = restore_recorded(env, episode.state, episode.goal_state, seed=0)
+        # Block where it was recorded (gym-pusht's own reset_to_state would move it).
+        np.testing.assert_allclose(observation["state"], rows["state"][step], atol=1e-3)
+        np.testing.assert_array_equal(observation["pixels"], rows["pixels"][step])
+        env.close()
+    reader.close()
+
+
+def test_success_is_the_goal_state_reached_not_gym_pushts_fixed_target(pusht_run):
+    cfg = _cfg(pusht_run)
+    reader = open_reader(cfg.data.path)
+    states = reader.read_episode(0, keys=["state"])["state"]
+    reader.close()
+    env = make_env(cfg.env.id, 32, 50, seed=0, kwargs=cfg.env.kwargs)
+    goal = states[10]
+    hold = (goal[:2] / 256.0 - 1.0).astype(np.float32)  # keep the agent where it is
+    at_goal, _ = restore_recorded(env, goal, goal, seed=0)
+    _, _, terminated, _, info = at_goal.step(hold)
+    assert terminated and info["success"]
+    far = goal.copy()
+    far[2] = goal[2] + 100.0 if goal[2] < 300 else goal[2] - 100.0  # the block elsewhere
+    away, _ = restore_recorded(env, goal, far, seed=0)
+    _, _, terminated, _, info = away.step(hold)
+    assert not terminated and not info["success"]
+
+
+def test_the_budget_holds_and_random_actions_play_the_same_episodes(pusht_run):
+    result = run_eval(pusht_run, MemoryMonitor())
+    fields = result.fields
+    assert fields["protocol"] == "dataset" and fields["budget"] == 8 and fields["episodes"] == 3
+    assert 0 <= fields["random_success_rate"] <= 1
+    cfg = _cfg(pusht_run)
+    runner = make_runner()
+    model, state = load_model(pusht_run, cfg, runner)
+    episodes = _goal_episodes(cfg)
+    with runner.inference(model):
+        planned = run_episodes(model, cfg, runner, state["model_args"], episodes)
+    random = run_episodes(None, cfg, runner, state["model_args"], episodes)
+    assert max(planned["steps"] + random["steps"]) <= 8
+    for (plan_frames, plan_goal, _), (random_frames, random_goal, _) in zip(
+        planned["recorded"], random["recorded"], strict=True
+    ):
+        np.testing.assert_array_equal(plan_frames[0], random_frames[0])
+        np.testing.assert_array_equal(plan_goal, random_goal)
+
+
+def test_the_expert_pushes_the_block_in_every_episode():
+    env = make_env("gym_pusht:gym_pusht/PushT-v0", 32, 40, seed=0)
+    for seed in range(3):
+        policy = make_policy("expert", env, seed)
+        observation, _ = env.reset(seed=seed)
+        start = observation["state"].copy()
+        for _ in range(40):
+            observation, *_ = env.step(policy(observation))
+        assert np.linalg.norm(observation["state"][2:4] - start[2:4]) > 10.0, seed
+    env.close()
