@@ -355,6 +355,7 @@ def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, A
         "batch_size": cfg.train.batch_size,
         "ranks": cfg.runtime.nproc,
         "batch_per_rank": cfg.train.batch_size // cfg.runtime.nproc,
+        "grad_accum": cfg.train.grad_accum,
         "history_len": cfg.data.history_len,
         "frameskip": cfg.data.frameskip,
         "precision": "bf16 autocast" if cfg.runtime.bf16 else "fp32",
@@ -457,6 +458,14 @@ def _notes(on_cuda: bool, fields: dict[str, Any], snapshot: Path | None) -> list
             f"(its {fields['batch_per_rank']} clips of each batch, SIGReg and BatchNorm over all "
             f"{fields['batch_size']}, plus {format_bytes(fields['ddp_bucket_bytes'])} of DDP "
             "gradient buckets); on a GPU, `swm train --nproc N` measures them per rank."
+        )
+    if fields["ranks"] > 1 and fields["grad_accum"] > 1:
+        accumulation = fields["grad_accum"]
+        notes.append(
+            f"Gradient accumulation ({accumulation} micro-batches per step) costs a rank no memory "
+            "past the gradients already in its rows (the second micro-batch is traced with them "
+            f"alive); they are all-reduced once per step, on the last micro-batch (no_sync), so "
+            f"{accumulation - 1} of every {accumulation} all-reduces are saved."
         )
     if on_cuda and fields["ranks"] == 1:
         notes.append("Measured: one step after a warm-up step, allocator peaks reset per row.")

@@ -19,7 +19,7 @@ from swmcli.memory.levers import (
     InBackwardOptimizer,
     check_lever_combination,
     checkpoint_activations,
-    checkpointed_types,
+    checkpointed_modules,
     make_optimizer,
 )
 from swmcli.memory.measure import MemoryMonitor
@@ -62,14 +62,14 @@ def test_checkpointing_keeps_the_saved_weights_plain():
     keys = set(layers.state_dict())
     assert checkpoint_activations(layers, "blocks") == 2
     assert set(layers.state_dict()) == keys  # checkpoints load with or without the lever
-    assert checkpointed_types(nn.Sequential(nn.Linear(2, 2)), "Linear")
+    assert checkpointed_modules(nn.Sequential(nn.Linear(2, 2)), "Linear")
 
 
 def test_checkpointing_names_a_module_class_the_model_lacks():
     with pytest.raises(UsageError, match="no Conv3d"):
-        checkpointed_types(nn.Sequential(nn.Linear(2, 2)), "Conv3d")
+        checkpointed_modules(nn.Sequential(nn.Linear(2, 2)), "Conv3d")
     with pytest.raises(UsageError, match="no module to checkpoint"):
-        checkpointed_types(nn.Sequential(nn.Linear(2, 2)), "blocks")
+        checkpointed_modules(nn.Sequential(nn.Linear(2, 2)), "blocks")
 
 
 def test_optimizer_in_backward_frees_each_gradient_and_refuses_accumulation():

@@ -41,7 +41,7 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return [child for module_list in lists for child in module_list]
 
 
-def checkpointed_types(model: nn.Module, choice: str) -> set[nn.Module]:
+def checkpointed_modules(model: nn.Module, choice: str) -> set[nn.Module]:
     """The modules of ``model`` that ``choice`` names: ``blocks`` or class names, comma-separated.
 
     Nested picks are dropped (a module inside another picked one is recomputed with it).
@@ -74,7 +74,7 @@ def checkpoint_activations(model: nn.Module, choice: str) -> int:
         apply_activation_checkpointing,
     )
 
-    picked = checkpointed_types(model, choice)
+    picked = checkpointed_modules(model, choice)
     apply_activation_checkpointing(model, check_fn=lambda module: module in picked)
     return len(picked)
 

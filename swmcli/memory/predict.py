@@ -282,9 +282,10 @@ def _with_ddp_buckets(peak: StepPeak, model, ranks: int) -> StepPeak:
 
 def _with_shards(peak: StepPeak, model, ranks: int) -> StepPeak:
     """One rank's peak under FSDP2 (``levers.shard``), from the unsharded trace: parameters,
-    gradients and AdamW state are ``1/ranks`` each, plus the whole weights FSDP gathers at once:
-    the root's (kept through the step) and two blocks' (the one computing, the one prefetched),
-    with their unsharded gradients before the reduce-scatter."""
+    gradients and AdamW state are ``1/ranks`` each, plus what FSDP holds whole: the root's
+    weights (gathered for the whole step), its unsharded gradients and their flat reduce-scatter
+    copy (3x the root), and two blocks' weights and gradients (the one computing and the one
+    prefetched: 4x the largest block)."""
     from swmcli.memory.levers import blocks
 
     def weights(module) -> int:
@@ -292,7 +293,7 @@ def _with_shards(peak: StepPeak, model, ranks: int) -> StepPeak:
 
     block_bytes = [weights(block) for block in blocks(model)]
     root = weights(model) - sum(block_bytes)
-    gathered = 2 * root + 2 * max(block_bytes, default=0)
+    gathered = 3 * root + 4 * max(block_bytes, default=0)
     by_category = dict(peak.by_category)
     for category in ("parameters", "gradients", "optimizer_state"):
         by_category[category] = -(-by_category[category] // ranks)
