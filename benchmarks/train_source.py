@@ -79,7 +79,7 @@ def online_row(cfg, scratch: Path) -> dict:
         "online.enabled": True,
         "online.record": scratch / "online.lance",
         "online.warmup_steps": cfg.train.batch_size,
-        "data.max_steps": 20_000,
+        "data.memory_steps": 20_000,
     }
     return train_row(with_settings(cfg, flags), None, scratch / "online")
 

@@ -20,11 +20,11 @@ def step_target(settings) -> int | None:
     """Steps to collect: ``--steps``; else none with ``--episodes``; else the buffer's worth."""
     if settings.steps is not None:
         return settings.steps
-    return None if settings.episodes is not None else settings.max_steps
+    return None if settings.episodes is not None else settings.buffer_steps
 
 
-def buffer_steps(cfg: SwmConfig) -> tuple[int, str | None]:
-    """The buffer's cap: ``--max-steps``, or less when ``--steps`` or ``--episodes`` asks for
+def buffer_capacity(cfg: SwmConfig) -> tuple[int, str | None]:
+    """The buffer's cap: ``--buffer-steps``, or less when ``--steps`` or ``--episodes`` asks for
     less (an episode is at most ``env.max_episode_steps`` steps plus its last observation's
     row); the note says so when it is less."""
     settings = cfg.collect
@@ -34,17 +34,18 @@ def buffer_steps(cfg: SwmConfig) -> tuple[int, str | None]:
         asked = settings.episodes * (cfg.env.max_episode_steps + 1)
         why = f"--episodes {settings.episodes:,} x at most {cfg.env.max_episode_steps + 1:,} rows"
     else:
-        return settings.max_steps, None
-    if asked >= settings.max_steps:
-        return settings.max_steps, None
+        return settings.buffer_steps, None
+    if asked >= settings.buffer_steps:
+        return settings.buffer_steps, None
     return asked, (
-        f"buffer sized for {asked:,} steps ({why}), not the --max-steps cap of "
-        f"{settings.max_steps:,}"
+        f"buffer sized for {asked:,} steps ({why}), not the --buffer-steps cap of "
+        f"{settings.buffer_steps:,}"
     )
 
 
 def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
-    """Collect ``--episodes`` episodes, or exactly ``--steps`` (default: ``--max-steps``) steps."""
+    """Collect ``--episodes`` episodes, or exactly ``--steps`` steps (default: the buffer's
+    worth, ``--buffer-steps``)."""
     from swmcli.core.buffer import ReplayBuffer
     from swmcli.core.interrupts import deferred_interrupts
     from swmcli.core.storage import open_writer
@@ -62,7 +63,7 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         )
         make_policy(settings.policy, env, settings.seed)  # refuses a policy the env cannot run
         action_dim = action_dim_of(env)
-        cap, cap_note = buffer_steps(cfg)
+        cap, cap_note = buffer_capacity(cfg)
         buffer = ReplayBuffer(cap, seed=settings.seed)
         # A first row triggers the buffer's preflight and allocation before anything is written
         # (without asking the policy, whose seeded stream the rollouts then start from).

@@ -18,6 +18,7 @@ from pydantic import (
     PositiveInt,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from swmcli.errors import CheckpointError, UsageError
@@ -28,8 +29,22 @@ SEED_MAX = 2**32 - 1  # what numpy's legacy seeding and gymnasium accept everywh
 CONFIG_FILE = "config.json"
 
 
+def flag(name: str | None = None, *, metavar: str | None = None) -> dict[str, str]:
+    """How a setting reads on the command line when not ``--key TYPE``: its flag (``"--env"``,
+    ``"--bf16/--fp32"`` for a switch) or the word for its value (``"SIZE"``)."""
+    return {k: v for k, v in (("flag", name), ("metavar", metavar)) if v is not None}
+
+
+def format_name(value: Any) -> Any:
+    """A dataset format as written: ``h5`` is HDF5, as the ``.h5`` suffix is everywhere."""
+    return "hdf5" if value == "h5" else value
+
+
 def _dataset_location(value: Any) -> Any:
     return Path(value) if isinstance(value, str) and "://" not in value else value
+
+
+Format = Literal["lance", "hdf5", "folder"]
 
 
 def _policy_name(*names: str):
@@ -55,7 +70,8 @@ DatasetPath = Annotated[Path | str, BeforeValidator(_dataset_location)]
 
 class Section(BaseModel):
     # Frozen: a resolved config is never edited; a derived one is made by ``with_settings``.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No NaN or infinity in any number: an infinite learning rate would only fail deep inside.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class EnvConfig(Section):
@@ -64,6 +80,7 @@ class EnvConfig(Section):
     id: str = Field(
         "swm/TwoRoom-v0",
         description="gymnasium env id; module:Id imports module first (it registers the env)",
+        json_schema_extra=flag("--env"),
     )
     kwargs: dict[str, Any] = Field(
         {}, description="keyword arguments of gymnasium.make for this env (preset or --set)"
@@ -76,15 +93,15 @@ class CollectConfig(Section):
     """`swm collect`: roll out a policy through the capped ReplayBuffer into a dataset."""
 
     episodes: PositiveInt | None = Field(
-        None, description="finished episodes to collect; default: fill --max-steps"
+        None, description="finished episodes to collect; default: fill --buffer-steps"
     )
     steps: PositiveInt | None = Field(
-        None, description="collect exactly this many steps; default: --max-steps"
+        None, description="collect exactly this many steps; default: --buffer-steps"
     )
-    max_steps: PositiveInt = Field(
+    buffer_steps: PositiveInt = Field(
         200_000,
-        description="ReplayBuffer cap in steps (host RAM); without --episodes or --steps, "
-        "collect stops once this many steps are written",
+        description="the collect ReplayBuffer's capacity in steps (host RAM); without "
+        "--episodes or --steps, collect stops once this many steps are written",
     )
     policy: Annotated[str, _policy_name("expert", "random")] = Field(
         "expert",
@@ -101,9 +118,9 @@ class CollectConfig(Section):
     out: DatasetPath = Field(
         Path("data/tworoom.lance"), description="dataset (path or s3:// URI) to write or append to"
     )
-    format: Literal["lance", "hdf5", "folder"] | None = Field(
+    format: Annotated[Format | None, BeforeValidator(format_name)] = Field(
         None,
-        description="lance, hdf5 or folder; default: from the --out suffix, else lance",
+        description="lance, hdf5 (or h5) or folder; default: from the --out suffix, else lance",
     )
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the env resets and the policy")
 
@@ -112,9 +129,11 @@ class DataConfig(Section):
     """Streaming clips from a dataset on disk."""
 
     path: DatasetPath = Field(
-        Path("data/tworoom.lance"), description="dataset (path or s3:// URI) to stream clips from"
+        Path("data/tworoom.lance"),
+        description="dataset (path or s3:// URI) to stream clips from",
+        json_schema_extra=flag("--data"),
     )
-    history_len: PositiveInt = Field(3, description="observations per clip")
+    history_len: int = Field(3, ge=2, description="observations per clip")
     frameskip: PositiveInt = Field(5, description="observation stride; actions stay dense")
     num_workers: int = Field(
         2, ge=0, description="readers of the streamed data (0: read between training steps)"
@@ -134,11 +153,13 @@ class DataConfig(Section):
         description="train from a ReplayBuffer loaded with the training episodes "
         "(--in-memory) or stream them from disk (--no-in-memory); default: in memory when "
         "they fit --ram-budget",
+        json_schema_extra=flag("--in-memory/--no-in-memory"),
     )
     ram_budget: int | None = Field(
         None,
         description="host RAM the training ReplayBuffer may take, e.g. 8GiB; "
         "default: data.ram_share of the RAM available when training starts",
+        json_schema_extra=flag(metavar="SIZE"),
     )
     ram_share: float = Field(
         0.5,
@@ -146,10 +167,10 @@ class DataConfig(Section):
         le=1,
         description="without --ram-budget, the share of available RAM the buffer may take",
     )
-    max_steps: PositiveInt | None = Field(
+    memory_steps: PositiveInt | None = Field(
         None,
-        description="ReplayBuffer cap in steps for training: in memory, the newest training "
-        "episodes that fit (default: all); online, the ring (default: collect.max_steps)",
+        description="training in memory: keep the newest training episodes that fit in this "
+        "many steps (default: all of them)",
     )
 
     @field_validator("ram_budget", mode="before")
@@ -166,6 +187,7 @@ class ModelConfig(Section):
         None,
         description="your world model: module:function or path/to/file.py:function returning "
         "a module with encode and predict (optional loss); default: swm's JEPA model",
+        json_schema_extra=flag("--model", metavar="MODULE:FUNCTION"),
     )
     kwargs: dict[str, Any] = Field(
         {}, description="keyword arguments for --model's factory, e.g. --set model.kwargs.width=64"
@@ -192,13 +214,40 @@ class ModelConfig(Section):
         "its first latent, its own predictions fed back (what planning does)",
     )
 
+    @model_validator(mode="after")
+    def _heads_divide_widths(self) -> "ModelConfig":
+        pred, vit = (self.predictor_dim, self.predictor_heads), (self.vit_dim, self.vit_heads)
+        _refuse_impossible(
+            [
+                (
+                    pred[0] % pred[1] != 0,
+                    f"predictor_dim ({pred[0]}) must be a multiple of "
+                    f"predictor_heads ({pred[1]}): each head takes an equal share",
+                ),
+                (
+                    vit[0] % vit[1] != 0,
+                    f"vit_dim ({vit[0]}) must be a multiple of vit_heads "
+                    f"({vit[1]}): each head takes an equal share",
+                ),
+            ]
+        )
+        return self
+
 
 class RuntimeConfig(Section):
     """How train, eval and memprofile run the model: precision, compilation, CPU threads, and
     the memory levers (docs/bring-your-model.md)."""
 
-    bf16: bool = Field(False, description="bf16 autocast: True reduces activation memory")
-    compile: bool = Field(False, description="torch.compile encoder and predictor separately")
+    bf16: bool = Field(
+        False,
+        description="bf16 autocast: True reduces activation memory",
+        json_schema_extra=flag("--bf16/--fp32"),
+    )
+    compile: bool = Field(
+        False,
+        description="torch.compile encoder and predictor separately",
+        json_schema_extra=flag("--compile/--eager"),
+    )
     cpu_threads: PositiveInt | None = Field(
         None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
     )
@@ -212,17 +261,20 @@ class RuntimeConfig(Section):
         description="recompute these modules' activations in backward instead of keeping "
         "them: 'blocks' (the transformer blocks) or module class names, comma-separated; "
         "saves most activation memory, costs about a third more compute",
+        json_schema_extra=flag(metavar="MODULES"),
     )
     optimizer_in_backward: bool = Field(
         False,
         description="step AdamW per parameter inside backward and free each gradient at once: "
         "saves the gradients' memory; no gradient clipping or accumulation, one process",
+        json_schema_extra=flag("--optimizer-in-backward"),
     )
     shard: bool = Field(
         False,
         description="fully shard parameters, gradients and AdamW state over the data-parallel "
         "ranks (FSDP2, torchrun): divides their memory by the ranks; costs an all-gather of "
         "each block's weights in forward and backward",
+        json_schema_extra=flag("--shard"),
     )
 
 
@@ -245,6 +297,7 @@ class TrainConfig(Section):
         [],
         description="also log to tensorboard and/or wandb (repeat the flag, or a comma list); "
         "metrics.jsonl is always written",
+        json_schema_extra=flag("--logger"),
     )
 
     @field_validator("loggers", mode="before")
@@ -260,11 +313,15 @@ class TrainConfig(Section):
 class OnlineConfig(Section):
     """`swm train --online`: a policy fills the capped ReplayBuffer while the model trains."""
 
-    enabled: bool = Field(False, description="collect in the env while training (--env ID)")
+    enabled: bool = Field(
+        False,
+        description="collect in the env while training (--env ID)",
+        json_schema_extra=flag("--online"),
+    )
     policy: Annotated[str, _policy_name("expert", "random", "planner")] = Field(
         "expert",
         description="who picks the actions online: expert, random, planner (the model being "
-        "trained plans toward the env's goal with the [eval] planner settings, plus noise), or "
+        "trained plans toward the env's goal with the eval planner settings, plus noise), or "
         "module:factory",
     )
     noise: float = Field(
@@ -275,6 +332,9 @@ class OnlineConfig(Section):
     )
     warmup_steps: int = Field(
         1000, ge=0, description="env steps collected before the first optimizer step"
+    )
+    ring_steps: PositiveInt = Field(
+        200_000, description="the online ReplayBuffer's capacity in steps: a ring of the newest"
     )
     record: Path | None = Field(
         None,
@@ -309,19 +369,50 @@ class EvalConfig(Section):
         description="latent distance to the goal at the last or every planned block",
     )
     replan_every: PositiveInt = Field(1, description="planned blocks executed before replanning")
-    max_steps: PositiveInt | None = Field(
+    step_budget: PositiveInt | None = Field(
         None,
-        description="env steps per planning episode (the budget); default: twice goal_offset "
+        description="env steps per planning episode; default: twice goal_offset "
         "for the dataset protocol, env.max_episode_steps for random goals",
     )
     heldout_episodes: PositiveInt = Field(4, description="episodes kept out for prediction error")
     seed: int = Field(1000, ge=0, le=SEED_MAX, description="seed of the planning episodes")
 
+    @model_validator(mode="after")
+    def _possible_planner(self) -> "EvalConfig":
+        _refuse_impossible(
+            [
+                (
+                    self.elites > self.samples,
+                    f"elites ({self.elites}) cannot be more than "
+                    f"samples ({self.samples}): the elites are the best of the samples (lower "
+                    "--elites or raise --samples)",
+                ),
+                (
+                    self.keep_elites > self.elites,
+                    f"keep_elites ({self.keep_elites}) cannot be more than elites ({self.elites})",
+                ),
+                (
+                    self.replan_every > self.horizon,
+                    f"replan_every ({self.replan_every}) cannot "
+                    f"be more than horizon ({self.horizon}): only the planned blocks can be run",
+                ),
+            ]
+        )
+        return self
+
+
+def _refuse_impossible(checks: list[tuple[bool, str]]) -> None:
+    """One ValueError naming every impossible combination of a section's settings (pydantic
+    reports it with the config's other errors, all at once)."""
+    problems = [words for impossible, words in checks if impossible]
+    if problems:
+        raise ValueError("; ".join(problems))
+
 
 def eval_budget(cfg: "SwmConfig") -> int:
-    """The env steps a planning episode may take (``eval.max_steps`` or its protocol default)."""
-    if cfg.eval.max_steps is not None:
-        return cfg.eval.max_steps
+    """The env steps a planning episode may take (``eval.step_budget`` or its protocol default)."""
+    if cfg.eval.step_budget is not None:
+        return cfg.eval.step_budget
     if cfg.eval.protocol == "dataset":
         return 2 * cfg.eval.goal_offset
     return cfg.env.max_episode_steps
@@ -330,8 +421,12 @@ def eval_budget(cfg: "SwmConfig") -> int:
 class MemprofileConfig(Section):
     """`swm memprofile`: budgets to fit, and the picture."""
 
-    budget: int | None = Field(None, description="GPU memory budget, e.g. 24GiB")
-    ram_budget: int | None = Field(None, description="host RAM budget, e.g. 64GB")
+    budget: int | None = Field(
+        None, description="GPU memory budget, e.g. 24GiB", json_schema_extra=flag(metavar="SIZE")
+    )
+    ram_budget: int | None = Field(
+        None, description="host RAM budget, e.g. 64GB", json_schema_extra=flag(metavar="SIZE")
+    )
     sample_episodes: PositiveInt = Field(
         4, description="episodes written in each format to estimate the on-disk size"
     )
@@ -369,6 +464,35 @@ MOVED_TO_RUNTIME = {
 }
 
 
+#: Settings renamed so that each name has one meaning: old key -> the new keys it sets. Old
+#: presets, config files, ``--set`` items and run directories keep loading through this table.
+RENAMED = {
+    "collect.max_steps": ("collect.buffer_steps",),
+    # It capped whichever buffer training read from: the in-memory one or online's ring.
+    "data.max_steps": ("data.memory_steps", "online.ring_steps"),
+    "eval.max_steps": ("eval.step_budget",),
+}
+
+
+def upgrade(tree: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` (nested settings, changed in place) with each old key under its new name and
+    the meaning it had. Online's ring once defaulted to the collect buffer's cap: an old config
+    that sets that cap keeps its ring."""
+    collect_cap = tree.get("collect", {}).get("max_steps")
+    for old, new_keys in RENAMED.items():
+        section, key = old.split(".")
+        node = tree.get(section)
+        if not isinstance(node, dict) or key not in node:
+            continue
+        value = node.pop(key)
+        for new in new_keys:
+            if value is not None:
+                _put(tree, new, value)
+    if collect_cap is not None and "ring_steps" not in tree.get("online", {}):
+        _put(tree, "online.ring_steps", collect_cap)
+    return tree
+
+
 def presets_dir() -> Path:
     """Where presets live: inside the installed wheel, else the repository's ``presets/``."""
     packaged = Path(__file__).parent / "presets"
@@ -386,8 +510,13 @@ def _read_config_file(path: Path) -> dict[str, Any]:
         tree = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except FileNotFoundError as err:
         raise UsageError(f"config file {path} does not exist", hint="check the path") from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read config {path}: {err}", hint="pass a TOML file") from err
+    except UnicodeDecodeError as err:
+        raise UsageError(
+            f"{path} is not text (byte {err.object[err.start]:#04x} at {err.start})",
+            hint="pass a TOML file of settings",
+        ) from err
+    except OSError as err:
+        raise UsageError(f"cannot read config {path}: {err}", hint="check the path") from err
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
         kind = "JSON" if path.suffix == ".json" else "TOML"
         raise UsageError(f"{path} is not valid {kind}: {err}", hint="fix the file") from err
@@ -418,13 +547,19 @@ def _put(tree: dict[str, Any], dotted: str, value: Any) -> None:
     tree[leaf] = value
 
 
-def _apply_sets(tree: dict[str, Any], sets: list[str] | None) -> None:
-    """Put each ``--set section.key=value`` item into ``tree``."""
+def _settings_tree(sets: list[str] | None, flags: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``--set section.key=value`` items, then the flags given (``None``: not given), as
+    nested settings."""
+    tree: dict[str, Any] = {}
     for item in sets or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--set {item!r} is not key=value", hint="e.g. --set train.lr=1e-3")
         _put(tree, key.strip(), _parse_value(value.strip()))
+    for key, value in (flags or {}).items():
+        if value is not None:
+            _put(tree, key, value)
+    return upgrade(tree)
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -445,7 +580,7 @@ def _describe_one(error: dict) -> str:
     dotted = ".".join(str(p) for p in error["loc"])
     if dotted in MOVED_TO_RUNTIME:
         return f"{dotted}: did you mean {MOVED_TO_RUNTIME[dotted]}?"
-    return f"{dotted}: {error['msg']}"
+    return f"{dotted}: {error['msg'].removeprefix('Value error, ')}"
 
 
 def _validated(tree: dict[str, Any]) -> SwmConfig:
@@ -484,22 +619,23 @@ def resolve_config(
             raise UsageError(
                 f"no preset named {preset!r}", hint=f"choose one of: {', '.join(preset_names())}"
             )
-        tree = _merge(tree, _read_config_file(path))
+        tree = _merge(tree, upgrade(_read_config_file(path)))
     if config_file is not None:
-        tree = _merge(tree, _read_config_file(config_file))
-    _apply_sets(tree, sets)
-    for key, value in (flags or {}).items():
-        if value is not None:
-            _put(tree, key, value)
-    return _validated(tree)
+        tree = _merge(tree, upgrade(_read_config_file(config_file)))
+    return _validated(_merge(tree, _settings_tree(sets, flags)))
 
 
 def save_config(config: SwmConfig, directory: Path) -> Path:
     """Write the resolved config next to a command's output, so the run needs nothing else."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / CONFIG_FILE
-    path.write_text(config.model_dump_json(indent=2) + "\n")
+    path.write_text(config_text(config))
     return path
+
+
+def config_text(config: SwmConfig) -> str:
+    """A config as ``config.json`` holds it (and the checkpoint beside it, byte for byte)."""
+    return config.model_dump_json(indent=2) + "\n"
 
 
 def load_run_config(
@@ -513,14 +649,62 @@ def load_run_config(
             hint="pass a directory written by `swm train`",
             exit_code=2,
         )
-    tree = _read_config_file(path)
+    damaged = "restore it from a copy (the run's checkpoint.pt holds its text)"
+    try:
+        tree = upgrade(_read_config_file(path))
+    except UsageError as err:
+        raise CheckpointError(f"{path} is damaged: {err.message}", hint=damaged) from err
     # A run saved before the runtime section kept these under train and eval: train's win.
     for old_key in sorted(MOVED_TO_RUNTIME):  # "eval.*" before "train.*"
         section, key = old_key.split(".")
-        if key in tree.get(section, {}):
+        if isinstance(tree.get(section), dict) and key in tree[section]:
             tree.setdefault("runtime", {})[key] = tree[section].pop(key)
-    _apply_sets(tree, sets)
-    for key, value in (flags or {}).items():
-        if value is not None:
-            _put(tree, key, value)
-    return _validated(tree)
+    try:
+        SwmConfig.model_validate(tree)
+    except ValidationError as err:  # before any flag: the file itself is bad
+        raise CheckpointError(
+            f"{path} is damaged or from another swm version: {_describe(err)}", hint=damaged
+        ) from err
+    return _validated(_merge(tree, _settings_tree(sets, flags)))
+
+
+#: What ``swm train --resume`` may change: how the run executes and how far it goes, not what it
+#: trains (``data.path`` may move: the data's fingerprint must still match).
+RESUMABLE = ("runtime.", "train.steps", "train.out", "train.checkpoint_every", "train.log_every")
+RESUMABLE += ("train.loggers",)
+RESUMABLE += ("data.path", "data.in_memory", "data.num_workers", "data.workers", "data.cache_dir")
+RESUMABLE += ("data.prefetch_factor", "data.ram_budget", "data.ram_share")
+
+
+def resume_config(
+    run_dir: Path, flags: dict[str, Any] | None = None, sets: list[str] | None = None
+) -> SwmConfig:
+    """The saved config of the run in ``run_dir`` with what a resume may change (``RESUMABLE``)
+    taken from ``flags`` and ``sets``; any other setting given with another value is refused,
+    all at once (exit 2), rather than dropped."""
+    saved = load_run_config(run_dir)
+    cfg = load_run_config(run_dir, flags, sets)
+    before = flat_settings(saved.model_dump(mode="json"))
+    after = flat_settings(cfg.model_dump(mode="json"))
+    refused = [key for key in before if before[key] != after[key] and not key.startswith(RESUMABLE)]
+    if refused:
+        changes = ", ".join(
+            f"{key} ({before[key]!r} in the run, {after[key]!r} given)" for key in refused
+        )
+        raise UsageError(
+            f"--resume cannot change {changes}: a resumed run keeps the model, data and "
+            "schedule it started with",
+            hint="drop those flags to resume (runtime flags such as --bf16, --compile, "
+            "--in-memory and --steps apply), or train a new run (--out)",
+        )
+    return cfg
+
+
+def flat_settings(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"section.key": value}`` of a nested settings tree."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flat_settings(value, f"{prefix}{key}."))
+    return flat

@@ -5,6 +5,7 @@ The copy itself (streamed, verified by checksums, renamed into place) is
 """
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from swmcli.errors import UsageError
@@ -19,11 +20,13 @@ def run_convert(
     overwrite: bool = False,
     mapping: list[str] | None = None,
     layout: str = "swm",
+    monitor=None,
 ) -> CommandResult:
     """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given, with a progress bar; the result names both sizes.
     ``mapping`` (``SRC=DST`` pairs) renames another tool's columns on the way in; ``layout``
     "stable-worldmodel" writes that tool's own Lance or HDF5 layout instead of swm's.
+    ``monitor`` (a MemoryMonitor) measures it as the phase "convert".
     """
     from swmcli.core.storage.copy import copy_dataset
     from swmcli.core.storage.foreign import parse_mapping
@@ -32,9 +35,9 @@ def run_convert(
     if layout not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", hint=f"use one of {', '.join(LAYOUTS)}")
     if layout != "swm" and to is not None:
-        raise UsageError("--to and --layout stable-worldmodel", hint="the DST suffix picks it")
+        raise UsageError(f"--to and --layout {layout} together", hint="--to is for swm's formats")
     started = time.perf_counter()
-    with progress("convert", total=_episode_count(src)) as advance:
+    with _phase(monitor, "convert"), progress("convert", total=_episode_count(src)) as advance:
         copied = (copy_dataset if layout == "swm" else export_dataset)(
             src,
             dst,
@@ -42,7 +45,7 @@ def run_convert(
             overwrite=overwrite,
             on_episode=lambda *_: advance(1),
             mapping=parse_mapping(mapping),
-            **({"to": to} if layout == "swm" else {}),
+            **({"to": to} if layout == "swm" else {"layout": layout}),
         )
     fields = {
         "src": str(copied.src),
@@ -69,15 +72,25 @@ def _episode_count(path: str | Path) -> int:
         reader.close()
 
 
+def _phase(monitor, name: str):
+    return monitor.phase(name) if monitor is not None else nullcontext()
+
+
 def run_info(
-    path: str | Path, verify: bool = False, mapping: list[str] | None = None
+    path: str | Path, verify: bool = False, mapping: list[str] | None = None, monitor=None
 ) -> CommandResult:
     """What ``swm info PATH`` shows: format, episodes, steps, bytes on disk and per step, the
     metadata, and a table of keys with their per-row dtype and shape. ``verify`` first reads
     every episode against its checksums and fails naming the damaged ones. Another tool's
     dataset also shows its codec, whether it is lossy, its convention and the column mapping
-    (``mapping``: ``SRC=DST`` overrides).
+    (``mapping``: ``SRC=DST`` overrides). ``monitor`` (a MemoryMonitor) measures it as the
+    phase "inspect".
     """
+    with _phase(monitor, "inspect"):
+        return _info(path, verify, mapping)
+
+
+def _info(path: str | Path, verify: bool, mapping: list[str] | None) -> CommandResult:
     import numpy as np
 
     from swmcli.core.storage import open_reader

@@ -68,3 +68,23 @@ def first_line(error: BaseException) -> str:
     if not lines:
         return type(error).__name__
     return re.sub(r",?\s*/\S+\.rs:\d+:\d+", "", lines[0])[:300]
+
+
+def describe_unexpected(err: Exception) -> tuple[str, str]:
+    """One line and a hint for an error no swm code anticipated: the machine's, or a bug."""
+    message = first_line(err)
+    if isinstance(err, MemoryError):
+        return (
+            f"out of memory: {message}",
+            "lower --resolution, --batch-size or --buffer-steps (`swm memprofile` shows what fits)",
+        )
+    if isinstance(err, OSError):
+        where = f"{err.filename}: " if err.filename else ""
+        return (
+            f"{where}{err.strerror or message}",
+            "check the path, its permissions and the free disk space",
+        )
+    return (
+        f"{type(err).__name__}: {message}",
+        "this is a bug in swm: rerun with SWM_DEBUG=1 and report the traceback",
+    )

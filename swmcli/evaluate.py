@@ -48,12 +48,20 @@ def run_eval(
     Phases for the memory report: load, warm-up (compilation), open-loop error, then plan and
     random baseline when the env has goals.
     """
-    from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
+    from swmcli.core.storage.lock import run_lock
 
     run_dir = Path(run_dir)
     _check_eval_only(flags, sets)
     cfg = load_run_config(run_dir, flags, sets)
     check_installed(cfg.train.loggers)
+    with run_lock(run_dir):  # eval writes its pictures into the run: not while it trains
+        return _evaluate(run_dir, cfg, monitor)
+
+
+def _evaluate(run_dir: Path, cfg: SwmConfig, monitor) -> CommandResult:
+    """``run_eval``'s work, with the run directory's writer lock held."""
+    from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
+
     runner = make_runner(
         bf16=cfg.runtime.bf16, compile=cfg.runtime.compile, cpu_threads=cfg.runtime.cpu_threads
     )
@@ -305,14 +313,14 @@ def _actor(model, cfg: SwmConfig, runner, shape, env, goal, seed: int):
     return act
 
 
-def _episode(env, observation, act, max_steps: int) -> tuple[bool, list[np.ndarray], float]:
-    """Run ``act`` until success, the env ends the episode, or ``max_steps`` env steps.
+def _episode(env, observation, act, step_budget: int) -> tuple[bool, list[np.ndarray], float]:
+    """Run ``act`` until success, the env ends the episode, or ``step_budget`` env steps.
 
     Returns success, the frames seen and the seconds ``act`` took (planning time).
     """
     frames = [observation["pixels"]]
     seconds = 0.0
-    while len(frames) <= max_steps:
+    while len(frames) <= step_budget:
         started = time.perf_counter()
         actions = act(observation)
         seconds += time.perf_counter() - started
@@ -321,7 +329,7 @@ def _episode(env, observation, act, max_steps: int) -> tuple[bool, list[np.ndarr
             frames.append(observation["pixels"])
             if step_info.get("success"):
                 return True, frames, seconds
-            if terminated or truncated or len(frames) > max_steps:
+            if terminated or truncated or len(frames) > step_budget:
                 return False, frames, seconds
     return False, frames, seconds
 

@@ -6,9 +6,9 @@ peak of live tensor bytes by category (``swmcli.memory.trace.trace_step_peak``).
 one row: fp32 vs bf16 autocast, train vs eval with gradients vs gradient-free eval, frameskip and
 history length, batch size; torch.compile cannot be traced on fake CPU tensors and is measured on
 a GPU. On a GPU every row is also run for real after a warm-up step and its allocator peaks are
-printed next to the prediction. Always: the ReplayBuffer's host RAM for ``collect.max_steps``, the
-on-disk size of that many steps (scaled from a small real sample), and, with budgets, the largest
-batch size (GPU) and buffer cap (host RAM) that fit.
+printed next to the prediction. Always: the ReplayBuffer's host RAM for
+``collect.buffer_steps``, the on-disk size of that many steps (scaled from a small real sample),
+and, with budgets, the largest batch size (GPU) and buffer cap (host RAM) that fit.
 """
 
 import gc
@@ -343,7 +343,7 @@ def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, A
 
     peak = predictor.predict(_configured(cfg)).peak_bytes
     model = predictor.model(cfg.data.history_len, cfg.data.frameskip)
-    max_steps = cfg.collect.max_steps
+    buffer_steps = cfg.collect.buffer_steps
     bytes_per_step = step_bytes(step)
     fields: dict[str, Any] = {
         "env": cfg.env.id,
@@ -365,15 +365,15 @@ def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, A
         "cuda_allowance_bytes": cuda_allowance_bytes(peak),
         "predicted_train_needs_bytes": peak + cuda_allowance_bytes(peak),
         "predict_seconds": round(predictor.seconds, 2),
-        "buffer_max_steps": max_steps,
+        "buffer_steps": buffer_steps,
         "buffer_bytes_per_step": bytes_per_step,
-        "buffer_ram_bytes": ReplayBuffer.nbytes_for(max_steps, step),
+        "buffer_ram_bytes": ReplayBuffer.nbytes_for(buffer_steps, step),
         "host_available_bytes": available_host_bytes(),
         "disk_sample_steps": sample_steps,
     }
     for fmt, per_step in disk.items():
         known = isinstance(per_step, float)
-        fields[f"disk_{fmt}_bytes"] = round(per_step * max_steps) if known else per_step
+        fields[f"disk_{fmt}_bytes"] = round(per_step * buffer_steps) if known else per_step
     if budget_fit is not None:
         best, needed = budget_fit
         fields["budget_bytes"] = cfg.memprofile.budget
@@ -381,7 +381,7 @@ def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, A
         fields["budget_batch_needs_bytes"] = needed
     if cfg.memprofile.ram_budget is not None:
         fields["ram_budget_bytes"] = cfg.memprofile.ram_budget
-        fields["ram_budget_max_steps"] = cfg.memprofile.ram_budget // bytes_per_step
+        fields["ram_budget_buffer_steps"] = cfg.memprofile.ram_budget // bytes_per_step
     return fields
 
 
@@ -430,7 +430,7 @@ def _category_table(rows: list[Row]) -> Table:
 
 
 def _notes(on_cuda: bool, fields: dict[str, Any], snapshot: Path | None) -> list[str]:
-    sample_steps, max_steps = fields["disk_sample_steps"], fields["buffer_max_steps"]
+    sample_steps, buffer_steps = fields["disk_sample_steps"], fields["buffer_steps"]
     buffer_bytes = fields["buffer_ram_bytes"]
     notes = [
         "Predicted on fake CPU tensors (FakeTensorMode; bf16 rows: CPU autocast plus the float32 "
@@ -442,13 +442,14 @@ def _notes(on_cuda: bool, fields: dict[str, Any], snapshot: Path | None) -> list
         "Training rows: two AdamW steps (the second with optimizer state); eval rows: one "
         "forward of encode + predict on the same batch.",
         f"On-disk sizes scale a real sample of {sample_steps} steps written in each format.",
-        f"ReplayBuffer RAM: {format_gb(buffer_bytes)} for --max-steps {max_steps} (GB = 10^9 B).",
+        f"ReplayBuffer RAM: {format_gb(buffer_bytes)} for --buffer-steps {buffer_steps} "
+        "(GB = 10^9 B).",
     ]
     if buffer_bytes > fields["host_available_bytes"]:
         fitting = fields["host_available_bytes"] // fields["buffer_bytes_per_step"]
         notes.append(
             f"This host cannot hold that buffer ({format_gb(fields['host_available_bytes'])} "
-            f"available): `swm collect` would refuse it; --max-steps {fitting} fits."
+            f"available): `swm collect` would refuse it; --buffer-steps {fitting} fits."
         )
     if fields.get("budget_batch_size") == 0:
         notes.append("No batch size fits the budget: even batch 1 needs more (see the allowance).")

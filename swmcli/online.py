@@ -47,7 +47,7 @@ class OnlineFeed:
             make_policy(cfg.online.policy, self.env, self.seed)
         self.model = self.runner = None  # what --policy planner plans with (``plan_with``)
         self.action_dim = action_dim_of(self.env)
-        self.cap = cfg.data.max_steps or cfg.collect.max_steps
+        self.cap = cfg.online.ring_steps
         self.buffer = ReplayBuffer(
             self.cap, cfg.data.history_len, cfg.data.frameskip, seed=self.seed, max_bytes=budget
         )

@@ -25,7 +25,7 @@ import os
 import time
 from pathlib import Path
 
-from swmcli.config import CONFIG_FILE, SwmConfig, load_run_config, save_config, with_settings
+from swmcli.config import CONFIG_FILE, SwmConfig, resume_config, save_config, with_settings
 from swmcli.errors import SwmError, UsageError
 from swmcli.loggers import check_installed, log_once, open_loggers
 from swmcli.models.checkpoint import checkpoint_path
@@ -42,7 +42,6 @@ from swmcli.training import (
 from swmcli.units import format_bytes
 
 METRICS_FILE = "metrics.jsonl"
-DATA_FINGERPRINT_FILE = "data.json"
 LOSS_CURVE_FILE = "loss_curve.png"
 PASSES_WARNING = 50  # more passes than this over the training clips and the model memorises them
 # Steady steps counted by the live-tensor tracker (CPU): the first sees the weights and AdamW state
@@ -60,12 +59,14 @@ def _is_dataset(path: Path) -> bool:
     return True
 
 
-def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world) -> SwmConfig:
-    """The config this run trains with, saved into the run directory (by rank 0).
+def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world, given) -> SwmConfig:
+    """The config this run trains with, saved into a fresh run's directory (by rank 0).
 
     A fresh run refuses a directory that already has a checkpoint. A resumed run takes the saved
-    config (the model must match its checkpoint) and trains to its planned steps, or to
-    ``steps`` (an explicit ``--steps``) when given.
+    config (the model must match its checkpoint) with what may change on resume from ``given``
+    (the explicit flags and --set items; others are refused), and trains to its planned steps,
+    or to ``steps`` (an explicit ``--steps``) when given. Its config.json is rewritten with its
+    next checkpoint (``save_checkpoint``), which it belongs to.
     """
     run_dir = Path(cfg.train.out)
     if run_dir.exists() and not run_dir.is_dir():
@@ -74,8 +75,8 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world) -> SwmC
         raise UsageError(f"--out {run_dir} is a dataset", hint="pass a new directory for the run")
     if resume:
         # The run lives where it is now (it may have been copied or moved since).
-        moved = {"train.out": run_dir, "train.steps": steps}
-        cfg = load_run_config(run_dir, moved)
+        flags, sets = given
+        cfg = resume_config(run_dir, {**flags, "train.out": run_dir, "train.steps": steps}, sets)
         info(f"resuming {run_dir} with its saved config, to step {cfg.train.steps}")
         if cfg.runtime.nproc != world.size:
             info(
@@ -108,38 +109,24 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world) -> SwmC
     factory = portable_factory(cfg.model.factory)
     settings = {"data.path": data_path, "runtime.nproc": world.size, "model.factory": factory}
     cfg = with_settings(cfg, settings)
-    if world.is_main:
+    if world.is_main and not resume:
         save_config(cfg, run_dir)
     return cfg
 
 
-def _check_data_fingerprint(run_dir: Path, lengths, resume: bool, world) -> None:
-    """Save what the run's data looked like (rank 0); a resumed run refuses data that changed
-    since (its held-out split and batches would differ, and the result would no longer be
-    bit-exact)."""
+def _data_fingerprint(lengths) -> dict:
+    """What the run's data looks like: a resumed run refuses data that changed since (its
+    held-out split and batches would differ, and the result would no longer be bit-exact)."""
     import hashlib
 
     import numpy as np
 
     lengths = np.asarray(lengths, dtype=np.int64)
-    fingerprint = {
+    return {
         "episodes": len(lengths),
         "steps": int(lengths.sum()),
         "episode_lengths_sha1": hashlib.sha1(lengths.tobytes()).hexdigest(),
     }
-    path = run_dir / DATA_FINGERPRINT_FILE
-    if resume and path.is_file():
-        saved = json.loads(path.read_text())
-        if saved != fingerprint:
-            raise UsageError(
-                f"the dataset changed since {run_dir} started: {saved['episodes']} episodes "
-                f"({saved['steps']} steps) then, {fingerprint['episodes']} "
-                f"({fingerprint['steps']} steps) now",
-                hint="resume with the data it started with, or train a new run (--out)",
-            )
-        return
-    if world.is_main:
-        path.write_text(json.dumps(fingerprint) + "\n")
 
 
 class _ActionCheck:
@@ -223,22 +210,31 @@ def _train_step(model, optimizer, batches, runner, step: int, cfg: SwmConfig, wo
     return {**means, "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"]}
 
 
-def _trim_metrics(path: Path, last_step: int) -> None:
+def trim_metrics(path: Path, last_step: int) -> None:
     """Keep the logged steps up to ``last_step``: later ones will be trained again.
 
-    A line cut short by a killed process is dropped too.
+    A line cut short by a killed process (or damaged) is dropped too.
     """
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text().splitlines():
+    kept = [json.dumps(row) + "\n" for row in _metric_rows(path) if row["step"] <= last_step]
+    path.write_text("".join(kept))
+
+
+def _metric_rows(path: Path) -> list[dict]:
+    """The readable rows of ``metrics.jsonl``: a line cut short or damaged is skipped."""
+    rows = []
+    for line in path.read_bytes().decode(errors="replace").splitlines():
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
-        if row["step"] <= last_step:
-            kept.append(line + "\n")
-    path.write_text("".join(kept))
+        numbers = isinstance(row, dict) and all(
+            isinstance(value, int | float) for value in row.values()
+        )
+        if numbers and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows
 
 
 def run_train(
@@ -247,6 +243,8 @@ def run_train(
     resume: bool = False,
     steps: int | None = None,
     json_output: bool = False,
+    given_flags: dict | None = None,
+    given_sets: list[str] | None = None,
 ) -> CommandResult | None:
     """Train (or, with ``resume``, continue training) into the run directory ``cfg.train.out``.
 
@@ -255,31 +253,40 @@ def run_train(
     the first step (including compilation) and the steady state. Under torchrun every rank runs
     this and rank 0 returns the result (the others None); with ``runtime.nproc`` > 1 outside
     torchrun it launches the ranks and returns None (rank 0 reports, with ``json_output`` as JSON).
+    ``given_flags`` and ``given_sets`` (the explicit flags and --set items) are what a resume
+    may change.
+    Rank 0 holds the run directory's writer lock: a second writer is refused, naming it.
     """
     from swmcli.core import distributed
+    from swmcli.core.storage.lock import run_lock
+
+    given = ({k: v for k, v in (given_flags or {}).items() if v is not None}, given_sets or [])
 
     world = distributed.world_from_env()
     if world.size == 1 and cfg.runtime.nproc > 1:
         distributed.check_batch_split(
             distributed.World(size=cfg.runtime.nproc), cfg.train.batch_size
         )
-        return _launch(cfg, resume, steps, json_output)
+        return _launch(cfg, resume, steps, json_output, given)
     if not world.is_main:
         silence()
+    lock = run_lock(cfg.train.out) if world.is_main else None  # before anything is written
     distributed.start(world)
     try:
-        return _train(cfg, monitor, resume, steps, world)
+        return _train(cfg, monitor, resume, steps, world, given)
     except Exception as error:
         if world.size > 1 and distributed.is_lost_rank(error):
             raise distributed.lost_rank_error(error, world, cfg.train.out) from error
         raise
     finally:
         distributed.stop(world)
+        if lock is not None:
+            lock.release()
 
 
-def _launch(cfg: SwmConfig, resume: bool, steps: int | None, json_output: bool) -> None:
+def _launch(cfg: SwmConfig, resume: bool, steps: int | None, json_output: bool, given) -> None:
     """``swm train --nproc N``: the same training as ``N`` torchrun ranks on this machine, each
-    reading this resolved config."""
+    reading this resolved config (and, resuming, the settings given, as --set items)."""
     import tempfile
 
     from swmcli.core.distributed import launch
@@ -289,19 +296,30 @@ def _launch(cfg: SwmConfig, resume: bool, steps: int | None, json_output: bool) 
         config_file.write_text(cfg.model_dump_json())
         arguments = ["train", "--config", str(config_file)]
         arguments += ["--resume"] if resume else []
+        if resume:
+            flags, sets = given
+            items = [f"{key}={json.dumps(_plain(value))}" for key, value in flags.items()]
+            arguments += [f"--set={item}" for item in [*items, *sets]]
         arguments += ["--steps", str(steps)] if steps is not None else []
         arguments += ["--json"] if json_output else []
         info(f"launching {cfg.runtime.nproc} data-parallel processes with torchrun")
         launch(cfg.runtime.nproc, arguments)
 
 
-def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
+def _plain(value):
+    """A flag's value as TOML reads it back from JSON (a path as its string)."""
+    return str(value) if isinstance(value, Path) else value
+
+
+def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, given):
     """``run_train``'s work, as one rank of ``world``."""
+    from swmcli.config import config_text
     from swmcli.core import distributed
     from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
     from swmcli.memory.levers import make_optimizer, restore_optimizer, shard, training_state
     from swmcli.memory.predict import check_training_fits
     from swmcli.models.checkpoint import (
+        check_data_fingerprint,
         load_checkpoint,
         restore_model,
         restore_rng,
@@ -310,8 +328,10 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
     from swmcli.models.protocol import Objective
 
     check_installed(cfg.train.loggers)
-    cfg = _prepare_run(cfg, resume, steps, world)
+    cfg = _prepare_run(cfg, resume, steps, world, given)
     run_dir = Path(cfg.train.out)
+    state = load_checkpoint(run_dir) if resume else None  # verified, with its config.json
+    fingerprint = None
     runner = make_runner(
         bf16=cfg.runtime.bf16,
         compile=cfg.runtime.compile,
@@ -336,13 +356,13 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
         info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
         if not cfg.online.enabled:  # a stored dataset: resuming needs the same one
-            _check_data_fingerprint(run_dir, data.dataset.episode_lengths, resume, world)
+            fingerprint = _data_fingerprint(data.dataset.episode_lengths)
+            check_data_fingerprint(run_dir, fingerprint, state, write=world.is_main)
     if data.loads:
         with monitor.phase("load into memory"):
             data.load()
     with monitor.phase("setup"):
         model = build_model(cfg, data.metadata)
-        state = load_checkpoint(run_dir) if resume else None
         start = state["step"] if state else 0
         if start >= cfg.train.steps:
             raise UsageError(
@@ -368,14 +388,20 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world):
         if state:
             restore_rng(state)  # ... so the checkpointed state is restored after it
         if world.is_main:
-            _trim_metrics(run_dir / METRICS_FILE, start)
+            trim_metrics(run_dir / METRICS_FILE, start)
     model.train()
 
     def checkpoint(step: int) -> None:
         model_state, optimizer_state = training_state(objective, optimizer, sharded)
         if world.is_main:
             save_checkpoint(
-                run_dir, model=model_state, optimizer=optimizer_state, step=step, model_args=args
+                run_dir,
+                model=model_state,
+                optimizer=optimizer_state,
+                step=step,
+                model_args=args,
+                config_text=config_text(cfg),
+                data_fingerprint=fingerprint,
             )
 
     try:
@@ -477,7 +503,7 @@ class _OnlineData:
             raise UsageError(
                 "--online trains from the buffer it fills: --in-memory and --no-in-memory "
                 "choose how a dataset is read",
-                hint="drop --in-memory/--no-in-memory (--max-steps caps the online buffer)",
+                hint="drop --in-memory/--no-in-memory (--ring-steps caps the online buffer)",
             )
         self.feed = OnlineFeed(cfg, ram_budget(cfg.data.ram_budget, cfg.data.ram_share))
         self.loads = resume  # a resumed run refills its buffer from --record (``load``)
@@ -527,7 +553,7 @@ def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
         warn(
             f"{cfg.train.steps} steps make {passes:.0f} passes over {train_clips} training clips: "
             "the model will memorise them and plan poorly. Collect more data "
-            "(swm collect --max-steps 200000) or lower --steps"
+            "(swm collect --buffer-steps 200000) or lower --steps"
         )
     ]
 
@@ -614,7 +640,7 @@ def draw_loss_curve(metrics_path: Path, picture_path: Path) -> Path | None:
     Log-scaled when every loss is positive (losses fall by orders of magnitude, then flatten),
     with labelled axes, a grid and a legend; nothing is drawn for fewer than two logged steps.
     """
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rows = _metric_rows(metrics_path)
     if len(rows) < 2:
         return None
     import matplotlib

@@ -66,7 +66,7 @@ class ClipOrder:
 
 def open_training_data(cfg: SwmConfig):
     """The clips to train on (all episodes but the last ``eval.heldout_episodes``; with
-    ``data.max_steps``, the newest of those that fit it).
+    ``data.memory_steps``, the newest of those that fit it).
 
     Returns ``(dataset, episodes, metadata)``. The dataset is indexed by ``load_dataset`` itself
     (not by opening a reader here), so this process stays safe to fork DataLoader workers from.
@@ -94,7 +94,7 @@ def open_training_data(cfg: SwmConfig):
             "for evaluation, leaving none to train on",
             hint="collect more episodes or lower eval.heldout_episodes",
         )
-    episodes = newest_episodes(everything.episode_lengths, episodes, cfg.data.max_steps)
+    episodes = newest_episodes(everything.episode_lengths, episodes, cfg.data.memory_steps)
     dataset = load(episodes)
     per_step = cfg.train.batch_size * cfg.train.grad_accum
     if per_step > len(dataset):

@@ -66,7 +66,7 @@ def test_appending_continues_with_new_episodes(tmp_path):
 
 def test_max_steps_alone_collects_the_buffers_worth(tmp_path):
     out = tmp_path / "full.lance"
-    args = ["collect", "--env", "swm/TwoRoom-v0", "--resolution", "16", "--max-steps", "150"]
+    args = ["collect", "--env", "swm/TwoRoom-v0", "--resolution", "16", "--buffer-steps", "150"]
     result = runner.invoke(app, [*args, "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["steps"] == 150

@@ -194,6 +194,45 @@ def test_a_run_saved_before_the_runtime_section_still_loads(tmp_path):
     assert cfg.runtime.bf16 is True and cfg.runtime.cpu_threads == 1
 
 
+def _old_style(cfg: SwmConfig) -> dict:
+    """``cfg`` as a run saved it before each max_steps got its own name (and before runtime)."""
+    saved = cfg.model_dump(mode="json")
+    saved["collect"]["max_steps"] = saved["collect"].pop("buffer_steps")
+    saved["data"]["max_steps"] = saved["data"].pop("memory_steps")
+    saved["eval"]["max_steps"] = saved["eval"].pop("step_budget")
+    del saved["online"]["ring_steps"]  # online's ring was data.max_steps or collect.max_steps
+    runtime = saved["runtime"]
+    saved["train"].update({key: runtime.pop(key) for key in ("bf16", "compile", "cpu_threads")})
+    return saved
+
+
+def test_an_old_run_directory_loads_with_each_setting_under_its_new_name(tmp_path):
+    tiny = resolve_config("tiny")
+    old = _old_style(tiny)
+    assert old["collect"]["max_steps"] == 5000 and old["eval"]["max_steps"] == 30
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    cfg = load_run_config(tmp_path)
+    assert cfg.collect.buffer_steps == 5000 and cfg.eval.step_budget == 30
+    assert cfg.data.memory_steps is None and cfg.online.ring_steps == 5000  # as it trained
+    assert cfg == tiny.model_copy(update={"online": cfg.online})
+    # A run that capped its buffer: the cap was the in-memory one or online's ring alike.
+    old["data"]["max_steps"] = 300
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    cfg = load_run_config(tmp_path, flags={"eval.max_steps": 7})  # eval's old --budget
+    assert (cfg.data.memory_steps, cfg.online.ring_steps, cfg.eval.step_budget) == (300, 300, 7)
+
+
+def test_old_keys_in_presets_files_and_sets_load_under_their_new_names(tmp_path):
+    old_preset = tmp_path / "old.toml"
+    old_preset.write_text("[collect]\nmax_steps = 4000\n[eval]\nmax_steps = 20\n")
+    cfg = resolve_config(config_file=old_preset, sets=["data.max_steps=900"])
+    assert (cfg.collect.buffer_steps, cfg.eval.step_budget) == (4000, 20)
+    assert (cfg.data.memory_steps, cfg.online.ring_steps) == (900, 900)
+    cfg = resolve_config(config_file=old_preset, sets=["collect.buffer_steps=50"])
+    assert cfg.collect.buffer_steps == 50 and cfg.online.ring_steps == 4000
+    assert resolve_config().online.ring_steps == 200_000  # no fallback to collect's
+
+
 def test_every_setting_has_a_description():
     for name, section in SwmConfig.model_fields.items():
         for key, field in section.annotation.model_fields.items():

@@ -69,8 +69,15 @@ def _every_invocation() -> list[tuple[str, list[str]]]:
     ]
 
 
+def visible_flags(command) -> set[str]:
+    """The flags ``--help`` shows (a renamed setting's old flag is still accepted, hidden)."""
+    params = [p for p in command.params if not getattr(p, "hidden", False)]
+    return {"--help"} | {opt for p in params for opt in p.opts + p.secondary_opts}
+
+
 def parse(args: list[str]) -> None:
-    """Parse ``swm ARGS`` as the real command line would, without running the command."""
+    """Parse ``swm ARGS`` as the real command line would, without running the command; a flag
+    that ``--help`` no longer shows is refused too (the docs use today's names)."""
     group = get_command(app)
     if not args or args[0].startswith("-"):
         group.make_context("swm", list(args))
@@ -79,6 +86,9 @@ def parse(args: list[str]) -> None:
     if command is None:
         raise ClickUsageError(f"no command {args[0]!r}")
     command.make_context(args[0], list(args[1:]))
+    for flag in (arg.split("=")[0] for arg in args[1:] if arg.startswith("--")):
+        if flag not in visible_flags(command):
+            raise ClickUsageError(f"{flag} is an old name: swm {args[0]} --help shows today's")
 
 
 def test_every_swm_line_in_the_docs_parses_against_the_cli():
@@ -104,6 +114,8 @@ def test_the_parser_refuses_a_flag_that_does_not_exist():
         parse(["train", "--preset", "tiny", "--stepz", "3"])
     with pytest.raises(typer.BadParameter):
         parse(["collect", "--episodes", "N"])
+    with pytest.raises(ClickUsageError, match="old name"):
+        parse(["collect", "--max-steps", "5"])  # renamed --buffer-steps, still accepted
 
 
 def test_every_flag_named_in_the_prose_exists():
@@ -117,8 +129,7 @@ def test_every_flag_named_in_the_prose_exists():
             if command is None:
                 missing.append(f"{page.name}: swm {name}")
                 continue
-            known = {"--help"}
-            known |= {opt for param in command.params for opt in param.opts + param.secondary_opts}
+            known = visible_flags(command)
             for flag in re.findall(r"(?<![\w-])(--[\w-]+)", rest):
                 if flag not in known:
                     missing.append(f"{page.name}: swm {name}{rest} ({flag})")

@@ -171,7 +171,7 @@ def test_dataset_protocol_respects_the_budget_and_plays_random_on_the_same_episo
     flags = {
         "eval.protocol": "dataset",
         "eval.goal_offset": 4,
-        "eval.max_steps": 3,
+        "eval.step_budget": 3,
         "eval.episodes": 3,
     }
     result = run_eval(tiny_run, MemoryMonitor(), flags=flags)
@@ -254,7 +254,7 @@ def test_warnings_name_the_cause_and_are_printed_once(tiny_run):
 
     from swmcli.cli import app
 
-    args = ["eval", str(tiny_run), "--episodes", "1", "--budget", "1", "--samples", "4"]
+    args = ["eval", str(tiny_run), "--episodes", "1", "--step-budget", "1", "--samples", "4"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert result.output.count("no better than random") == 1
@@ -284,7 +284,7 @@ def test_budget_defaults_to_twice_the_goal_offset_or_the_env_episode():
     dataset = {"eval.protocol": "dataset", "eval.goal_offset": 25}
     assert eval_budget(resolve_config(flags=dataset)) == 50
     assert eval_budget(resolve_config(flags={"env.max_episode_steps": 80})) == 80
-    assert eval_budget(resolve_config(flags={**dataset, "eval.max_steps": 7})) == 7
+    assert eval_budget(resolve_config(flags={**dataset, "eval.step_budget": 7})) == 7
 
 
 def test_eval_refuses_data_replaced_at_another_resolution(tiny_run, tmp_path):

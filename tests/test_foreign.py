@@ -259,3 +259,155 @@ def test_upstreams_own_loader_reads_the_export(swm_dataset, tmp_path, suffix):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "12 (2, 3, 32, 32) (2, 2)"
+
+
+# ------------------------------------------------------------------ Minari
+
+MINARI = FIXTURES / "minari"
+
+
+def test_minari_fixtures_open_in_swms_convention():
+    raw = h5py.File(MINARI / "pixels-raw/data/main_data.hdf5", "r")
+    imported, jpeg = read_all(MINARI / "pixels-raw"), read_all(MINARI / "pixels-jpeg/data")
+    assert [len(e["pixels"]) for e in imported] == [6, 6, 6]  # T+1 observations become T+1 rows
+    for index, (episode, lossy) in enumerate(zip(imported, jpeg, strict=True)):
+        group = raw[f"episode_{index}"]
+        np.testing.assert_array_equal(episode["pixels"], group["observations"][()])
+        np.testing.assert_array_equal(episode["action"][:-1], group["actions"][()])
+        assert np.isnan(episode["action"][-1]).all()
+        np.testing.assert_array_equal(episode["reward"], np.r_[0, group["rewards"][()]])
+        np.testing.assert_array_equal(episode["truncated"], np.r_[False, group["truncations"][()]])
+        np.testing.assert_array_equal(lossy["action"], episode["action"])
+        assert np.abs(lossy["pixels"].astype(int) - episode["pixels"].astype(int)).mean() < 4
+    shown = json.loads(swm("info", MINARI / "pixels-jpeg", "--json").stdout)
+    assert shown["format"] == "minari" and shown["source_codec"] == "JPEG quality 75"
+    assert shown["mapping"]["observations"] == "pixels" and shown["resolution"] == 32
+
+
+def crafted_minari(root: Path, *, observations: int = 4, metadata: str = "{}", group: int = 0):
+    data = root / "data"
+    data.mkdir(parents=True)
+    (data / "metadata.json").write_text(metadata)
+    with h5py.File(data / "main_data.hdf5", "w") as file:
+        episode = file.create_group(f"episode_{group}")
+        episode["observations"] = np.zeros((observations, 3), np.float32)
+        episode["actions"] = np.zeros((3, 2), np.float32)
+        for name in ("rewards", "terminations", "truncations"):
+            episode[name] = np.zeros(3)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("crafted", "message"),
+    [
+        ({"observations": 3}, "not 4"),  # Minari holds T+1 observations
+        ({"metadata": "\x80\x04pickle"}, "not JSON"),
+        ({"group": 7}, "not episode_0..N-1"),
+    ],
+)
+def test_damaged_minari_is_one_line(tmp_path, crafted, message):
+    path = crafted_minari(tmp_path / "dataset", **crafted)
+    result = swm("info", path)
+    assert result.exit_code == 1 and result.output.startswith("error:"), result.output
+    assert message in result.output
+
+
+# ------------------------------------------------------------------ LeRobot v3
+
+LEROBOT = FIXTURES / "lerobot" / "dots"
+
+
+def test_lerobot_fixture_opens_in_swms_convention():
+    import pyarrow.parquet as pq
+
+    data = pq.read_table(LEROBOT / "data/chunk-000/file-000.parquet").to_pydict()
+    reader = open_reader(LEROBOT)
+    assert reader.format == "lerobot" and reader.metadata["source_codec"] == "h264 video"
+    assert reader.metadata["mapping"]["observation.state"] == "proprio"
+    for index in range(3):
+        episode, rows = reader.read_episode(index), slice(8 * index, 8 * index + 8)
+        assert episode["pixels"].shape == (8, 32, 32, 3)
+        np.testing.assert_array_equal(episode["action"][:-1], data["action"][rows][:-1])
+        assert np.isnan(episode["action"][-1]).all()
+        np.testing.assert_array_equal(episode["reward"], np.r_[0, data["next.reward"][rows][:-1]])
+        assert episode["terminated"][-1] and not episode["terminated"][:-1].any()
+    rows = np.array([20, 3, 9, 23, 0])  # a DataLoader's random rows: each frame by its timestamp
+    together = reader.read_rows("pixels", rows)
+    for row, frame in zip(rows, together, strict=True):
+        np.testing.assert_array_equal(frame, reader.read_rows("pixels", np.array([row]))[0])
+    reader.close()
+
+
+def crafted_lerobot(tmp_path: Path, edit) -> Path:
+    import shutil
+
+    root = tmp_path / "dots"
+    shutil.copytree(LEROBOT, root)
+    info = json.loads((root / "meta/info.json").read_text())
+    edit(info)
+    (root / "meta/info.json").write_text(json.dumps(info))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda i: i.update(data_path="../../{chunk_index}/x.parquet"), "outside the dataset"),
+        (lambda i: i.update(data_path="{chunk_index.__class__}"), "names the field"),
+        (lambda i: i.update(total_frames=10**12), "counts 1000000000000 frames"),
+        (lambda i: i["features"]["observation.image"].update(shape=[64, 64, 3]), "not the (64"),
+        (lambda i: i["features"]["observation.image"].update(shape=[9000, 9000, 3]), "shape"),
+    ],
+)
+def test_hostile_lerobot_is_one_line(tmp_path, edit, message):
+    root = crafted_lerobot(tmp_path, edit)
+    result = swm("convert", root, tmp_path / "out.lance")
+    assert result.exit_code == 1 and result.output.startswith("error:"), result.output
+    assert message in result.output and not (tmp_path / "out.lance").exists()
+
+
+ALL_FIXTURES = [
+    *(UPSTREAM / version / name for version in ("0.1.1", "main") for name in ("tworoom.lance",
+                                                                               "tworoom.h5")),
+    MINARI / "pixels-jpeg", MINARI / "pixels-raw", LEROBOT,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ALL_FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_fixture_works_with_no_flag_but_its_path(path, tmp_path):
+    assert swm("info", path).exit_code == 0
+    result = swm("convert", path, tmp_path / "copy.h5")
+    assert result.exit_code == 0, result.output
+    if path in (MINARI / "pixels-raw", LEROBOT):  # (stable-worldmodel's: in the convert test)
+        result = swm("train", "--data", path, "--steps", "2", "--batch-size", "2", "--history-len",
+                     "2", "--frameskip", "1", "--set", "eval.heldout_episodes=1",
+                     "--out", tmp_path / "run")  # fmt: skip
+        assert result.exit_code == 0, result.output
+
+
+def test_lerobot_export_round_trip(swm_dataset, tmp_path):
+    out, back = tmp_path / "lerobot", tmp_path / "back.h5"
+    result = swm("convert", swm_dataset, out, "--layout", "lerobot")
+    assert result.exit_code == 0, result.output
+    assert detect(out) == "lerobot" and (out / "meta/info.json").is_file()
+    assert swm("convert", out, back).exit_code == 0
+    for original, returned in zip(read_all(swm_dataset), read_all(back), strict=True):
+        assert original.keys() == returned.keys()
+        for key in ("action", "state", "goal", "score"):
+            np.testing.assert_array_equal(returned[key], original[key], err_msg=key)
+        for key in ("reward", "terminated", "truncated"):  # LeRobot has no slot for row 0's
+            np.testing.assert_array_equal(returned[key][1:], original[key][1:], err_msg=key)
+            assert not returned[key][0]
+        error = np.abs(returned["pixels"].astype(int) - original["pixels"].astype(int))
+        assert error.mean() < 4  # h264, CRF 18
+
+
+def test_lerobots_own_reader_reads_the_export(swm_dataset, tmp_path):
+    """LeRobot's LeRobotDataset on what swm wrote, where lerobot is importable."""
+    lerobot = pytest.importorskip(
+        "lerobot.datasets.lerobot_dataset", reason="lerobot not installed"
+    )
+    out = tmp_path / "lerobot"
+    assert swm("convert", swm_dataset, out, "--layout", "lerobot").exit_code == 0
+    dataset = lerobot.LeRobotDataset("swm/export", root=out)
+    assert len(dataset) == 15 and tuple(dataset[0]["observation.image"].shape) == (3, 32, 32)

@@ -233,8 +233,8 @@ def test_run_memprofile_reports_every_technique_and_buffer(tiny_result):
     cfg, result, monitor = tiny_result
     fields = result.fields
     step = tworoom_step(cfg.env.resolution)
-    assert fields["buffer_ram_bytes"] == cfg.collect.max_steps * step_bytes(step)
-    assert fields["ram_budget_max_steps"] == 10**9 // step_bytes(step)
+    assert fields["buffer_ram_bytes"] == cfg.collect.buffer_steps * step_bytes(step)
+    assert fields["ram_budget_buffer_steps"] == 10**9 // step_bytes(step)
     assert fields["disk_lance_bytes"] > 0 and fields["disk_hdf5_bytes"] > 0
     assert fields["budget_batch_size"] > cfg.train.batch_size
     assert fields["budget_batch_needs_bytes"] <= 2**30

@@ -28,7 +28,7 @@ ONLINE = {
     "env.id": "swm/TwoRoom-v0",
     "online.warmup_steps": 100,
     "online.updates_per_step": 0.25,
-    "data.max_steps": 200,
+    "online.ring_steps": 200,
     "train.log_every": 1,
 }
 

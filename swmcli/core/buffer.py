@@ -62,7 +62,8 @@ def preflight(max_steps: int, row_bytes: int, max_bytes: int | None = None) -> i
             f"({format_bytes(needed)}) of RAM but {source} only {format_gb(available)} "
             f"({format_bytes(available)}); at most {fits:,} steps of "
             f"{format_bytes(row_bytes)} fit",
-            hint=f"lower --max-steps (at most {fits:,}) or --resolution",
+            hint=f"lower the buffer's steps (at most {fits:,}: --buffer-steps, --ring-steps or "
+            "--memory-steps) or --resolution",
             needed=needed,
             available=available,
         )

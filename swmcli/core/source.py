@@ -46,9 +46,9 @@ def newest_episodes(lengths: np.ndarray, episodes: Sequence[int], max_steps: int
     kept = int(np.searchsorted(newest_first, max_steps, side="right"))
     if kept == 0:
         raise UsageError(
-            f"--max-steps {max_steps:,} holds no whole episode (the newest has "
+            f"--memory-steps {max_steps:,} holds no whole episode (the newest has "
             f"{int(newest_first[0]) if len(newest_first) else 0:,} steps)",
-            hint="raise --max-steps, or leave it out to train on every episode",
+            hint="raise --memory-steps, or leave it out to train on every episode",
         )
     return episodes[len(episodes) - kept :]
 
@@ -74,7 +74,7 @@ def choose_source(
             raise BudgetExceeded(
                 f"--in-memory: the {steps:,} training steps need {format_bytes(needed)} of RAM "
                 f"but {budget_words} allows {format_bytes(budget)} ({fits:,} steps)",
-                hint=f"pass --no-in-memory to stream them, --max-steps {fits:,} to hold the "
+                hint=f"pass --no-in-memory to stream them, --memory-steps {fits:,} to hold the "
                 "newest that fit, or a larger --ram-budget",
                 needed=needed,
                 available=budget,

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from swmcli.config import format_name
 from swmcli.core.storage import location as loc
 from swmcli.core.storage.checksums import CHECKSUM_COLUMN
 from swmcli.core.storage.location import Location, as_location
@@ -143,6 +144,7 @@ def resolve_format(path: str | Path, format: str | None = None) -> str:
     """The format to write: ``format``, else by suffix, else the existing dataset's, else lance."""
     path = as_location(path)
     if format is not None:
+        format = format_name(format)
         _module(format)
         return format
     suffix = Path(loc.name(path)).suffix.lower()

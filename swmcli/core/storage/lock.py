@@ -1,11 +1,12 @@
-"""One writer per dataset, and readers a writer can see: two ``flock`` lock files.
+"""One writer per dataset or run directory, and readers a writer can see: ``flock`` lock files.
 
-``.NAME.swm-writer``, beside the dataset, is held exclusively by the one process writing ``NAME``
-(and removed when it is done); it is taken before anything of the dataset is touched, so a second
-writer is refused at once and told the first one's PID. ``NAME/_swm_readers.lock``, inside a Lance
-dataset, is held shared by every process that has it open for reading; a Lance writer deletes
-superseded files only while it can take that lock exclusively, so it never deletes a file a
-reader's version still uses.
+``.NAME.swm-writer``, beside the dataset or run directory ``NAME``, is held exclusively by the one
+process writing it (and removed when it is done); it is taken before anything of ``NAME`` is
+touched, so a second writer is refused at once and told the first one's PID and command. The
+same lock serves datasets (``open_writer``) and run directories (``swm train``, ``swm eval``:
+``run_lock``). ``NAME/_swm_readers.lock``, inside a Lance dataset, is held shared by every process
+that has it open for reading; a Lance writer deletes superseded files only while it can take that
+lock exclusively, so it never deletes a file a reader's version still uses.
 
 ``flock`` locks belong to an open file and the kernel drops them when their process dies, so a
 killed writer or reader never leaves a lock behind. They are local: on object storage (``s3://``)
@@ -14,9 +15,12 @@ nothing is locked, and one writer at a time is the user's to arrange.
 
 import fcntl
 import os
+import sys
 from pathlib import Path
 
-from swmcli.errors import DatasetError
+from swmcli.errors import DatasetError, SwmError
+
+COMMAND_CHARS = 200  # of the holder's command line, written in the lock file
 
 
 def writer_lock_path(path: Path) -> Path:
@@ -35,29 +39,38 @@ def _open_lock(path: Path):
 
 
 class WriterLock:
-    """The exclusive right to write one dataset, held until ``release`` (or the process dies)."""
+    """The exclusive right to write one dataset (or run directory), held until ``release`` (or
+    the process dies). A refused writer gets ``error`` (a ``DatasetError`` for a dataset) naming
+    the holder's PID and command."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, error: type[SwmError] = DatasetError, hint: str | None = None):
         self.path = writer_lock_path(path)
         while True:
             handle = _open_lock(self.path)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _holder(handle)
+                pid, command = _holder(handle)
                 handle.close()
-                who = f"process {holder}" if holder.isdigit() else "another process"
-                raise DatasetError(
+                who = f"process {pid}" if pid.isdigit() else "another process"
+                who += f" ({command})" if command else ""
+                raise error(
                     f"{path} is being written by {who}",
-                    hint="wait for that process to finish, or write to another path",
+                    hint=hint or "wait for that process to finish, or write to another path",
                 ) from None
             if _same_file(handle, self.path):
                 break
             handle.close()  # its holder removed it as we opened it: take the new one
         handle.truncate(0)
-        handle.write(str(os.getpid()))
+        handle.write(f"{os.getpid()}\n{_command()}\n")  # one write: a reader sees both or none
         handle.flush()
         self._handle = handle
+
+    def __enter__(self) -> "WriterLock":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
 
     def release(self) -> None:
         """Remove the lock file, then let go: a writer that opened it meanwhile sees it removed
@@ -71,17 +84,38 @@ class WriterLock:
 HOLDER_WAIT_SECONDS = 1.0  # the holder writes its PID just after it takes the lock
 
 
-def _holder(handle) -> str:
-    """The PID written in a held lock file; waits briefly for a holder that has just locked it."""
+def _holder(handle) -> tuple[str, str]:
+    """The PID and command written in a held lock file; waits briefly for a holder that has
+    just locked it."""
     import time
 
     deadline = time.monotonic() + HOLDER_WAIT_SECONDS
     while True:
         handle.seek(0)
-        holder = handle.read().strip()
-        if holder.isdigit() or time.monotonic() > deadline:
-            return holder
+        pid, _, command = handle.read().strip().partition("\n")
+        if pid.isdigit() or time.monotonic() > deadline:
+            return pid, command.strip()
         time.sleep(0.01)
+
+
+def _command() -> str:
+    """This process's command line as a user would recognise it (``swm train --out runs/x``)."""
+    import shlex
+
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if program in ("__main__.py", "-m"):  # python -m swmcli
+        program = "swm"
+    return shlex.join([program, *sys.argv[1:]])[:COMMAND_CHARS]
+
+
+def run_lock(run_dir: Path) -> WriterLock:
+    """The writer lock of a run directory (``swm train``, fresh or resumed, and ``swm eval``,
+    which writes its pictures there): a second writer is refused (exit 1) naming the holder."""
+    return WriterLock(
+        Path(run_dir).resolve(),
+        error=SwmError,
+        hint="wait for that process to finish, or use another run directory (--out)",
+    )
 
 
 def _same_file(handle, path: Path) -> bool:

@@ -1,5 +1,6 @@
 """``swm convert SRC DST --layout stable-worldmodel``: any dataset swm reads, written in
-stable-worldmodel's own Lance or HDF5 layout (by DST's suffix) so its ``load_dataset`` trains on it.
+stable-worldmodel's own Lance or HDF5 layout (by DST's suffix) so its ``load_dataset`` trains on it
+(``--layout lerobot``: a LeRobot v3 dataset, see ``lerobot_export.py``).
 
 swm's rows are already main's convention (reset frame + T steps, NaN last action), so rows are
 written as they are. HDF5 keeps every column's dtype and shape: the round trip swm -> upstream ->
@@ -28,25 +29,27 @@ from swmcli.core.storage.copy import (
     _remove_dead_leftovers,
     _verify,
 )
-from swmcli.core.storage.foreign import UPSTREAM_HDF5, UPSTREAM_LANCE
+from swmcli.core.storage.foreign import LEROBOT, UPSTREAM_HDF5, UPSTREAM_LANCE
 from swmcli.core.storage.foreign.upstream import EXPORT_KEY
 from swmcli.errors import DatasetError, UsageError
 
-LAYOUTS = ("swm", "stable-worldmodel")
+LAYOUTS = ("swm", "stable-worldmodel", "lerobot")
+_DESTINATIONS = {"stable-worldmodel": ".lance directory or .h5 file", "lerobot": "directory"}
 JPEG_QUALITY = 95  # stable-worldmodel's own default
 _FLUSH_BYTES = 64 * 2**20  # encoded episodes held before they are appended to the Lance table
 # dtypes whose every value float32 holds exactly: these round-trip bit-exact through Lance
 _EXACT_IN_FLOAT32 = {"float32", "bool", "uint8", "int8", "uint16", "int16"}
 
 
-def lossless_keys(schema, lance: bool) -> list[str]:
-    """The keys an export keeps bit-exact: all in HDF5; in Lance, numbers float32 holds."""
-    if not lance:
+def lossless_keys(schema, lossy_frames: bool, frames_only: bool = False) -> list[str]:
+    """The keys an export keeps bit-exact: all in HDF5; no frames in Lance or LeRobot (JPEG,
+    h264), and in Lance only the numbers float32 holds (LeRobot's parquet keeps every dtype)."""
+    if not lossy_frames:
         return list(schema)
     return [
         key
         for key, (dtype, shape) in schema.items()
-        if not is_image(shape) and np.dtype(dtype).name in _EXACT_IN_FLOAT32
+        if not is_image(shape) and (frames_only or np.dtype(dtype).name in _EXACT_IN_FLOAT32)
     ]
 
 
@@ -57,16 +60,21 @@ def export_dataset(
     overwrite: bool = False,
     on_episode: Callable[[int, int], None] | None = None,
     mapping: dict[str, str] | None = None,
+    layout: str = "stable-worldmodel",
 ) -> Copied:
-    """Write the dataset at ``src`` to ``dst`` in stable-worldmodel's layout (``.lance`` or
-    ``.h5``), streamed, verified and renamed into place; returns what ``copy_dataset`` does."""
+    """Write the dataset at ``src`` to ``dst`` in another tool's ``layout`` (stable-worldmodel's
+    ``.lance`` or ``.h5``, or a LeRobot v3 directory), streamed, verified and renamed into
+    place; returns what ``copy_dataset`` does."""
+    from swmcli.core.storage.foreign.lerobot_export import ARRIVAL_KEYS, LeRobotExport
+
     src, dst = loc.as_location(src), loc.as_location(dst)
     suffix = Path(loc.name(dst)).suffix.lower()
-    if loc.is_remote(dst) or suffix not in (".lance", ".h5", ".hdf5"):
+    if loc.is_remote(dst) or (layout != "lerobot" and suffix not in (".lance", ".h5", ".hdf5")):
         raise UsageError(
-            f"--layout stable-worldmodel writes a local .lance directory or .h5 file, not {dst}",
-            hint="name the destination like data/pusht.lance or data/pusht.h5",
+            f"--layout {layout} writes a local {_DESTINATIONS[layout]}, not {dst}",
+            hint="e.g. data/pusht.lance or data/pusht.h5 (stable-worldmodel), data/pusht (lerobot)",
         )
+    lance = layout != "lerobot" and suffix == ".lance"
     reader = open_reader(src, mapping)
     try:
         _check_destination(src, dst, overwrite)
@@ -77,20 +85,24 @@ def export_dataset(
         temporary = dst.with_name(f".tmp-{os.getpid()}-{dst.name}")
         loc.remove(temporary)
         schema = {key: reader.keys[key] for key in keys}
-        writer = (LanceExport if suffix == ".lance" else Hdf5Export)(temporary, schema)
+        writer = {".lance": LanceExport, ".h5": Hdf5Export, ".hdf5": Hdf5Export}.get(suffix)
+        writer = (LeRobotExport if layout == "lerobot" else writer)(temporary, schema)
         try:
             with writer:
                 checksums = _copy_episodes(reader, writer, keys, on_episode)
-            exact = lossless_keys(schema, suffix == ".lance")
+            exact = lossless_keys(schema, lance or layout == "lerobot", frames_only=not lance)
+            if layout == "lerobot":  # a first row's reward/flags have no frame to go to
+                exact = [key for key in exact if key not in ARRIVAL_KEYS]
             _verify(reader, temporary, keys, checksums, exact=exact)
             _move_into_place(temporary, dst)
         except BaseException:
             loc.remove(temporary)
             raise
+        fmt = LEROBOT if layout == "lerobot" else UPSTREAM_LANCE if lance else UPSTREAM_HDF5
         return Copied(
             src=src,
             dst=dst,
-            format=UPSTREAM_LANCE if suffix == ".lance" else UPSTREAM_HDF5,
+            format=fmt,
             episodes=reader.num_episodes,
             steps=reader.num_steps,
             src_size_bytes=reader.nbytes_on_disk,

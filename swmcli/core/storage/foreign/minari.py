@@ -105,12 +105,18 @@ class MinariSource:
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
         self.info = {
             "dataset_id": metadata.get("dataset_id"),
-            "codec": "JPEG (Minari's default quality)" if self._jpeg else "raw",
+            "codec": self._codec(first),
             "lossy": f"frames ({', '.join(sorted(self._jpeg))})" if self._jpeg else False,
             "convention": _CONVENTION,
             "alignment": _ALIGNMENT,
             "not_imported": {"infos": "per-step info dicts"} if first and "infos" in first else {},
         }
+
+    def _codec(self, first) -> str:
+        if not self._jpeg:
+            return "raw (uncompressed)"
+        setting = jpeg.quality(self._blobs(first[self._leaves[min(self._jpeg)]], 0, 1)[0])
+        return f"JPEG quality {setting}" if setting else "JPEG (quality unknown)"
 
     def _check_episode(self, group) -> int:
         """T+1, after checking every column's length and stored bytes in this episode."""
