@@ -116,7 +116,12 @@ def test_non_finite_weights_are_refused_on_load_and_never_saved(run_copy):
         model.weight[0, 0] = float("inf")
     with pytest.raises(CheckpointError, match=r"diverged.*step 2 is kept"):
         save_checkpoint(
-            run_copy, model=model, optimizer=None, step=3, model_args={}, config_text="{}"
+            run_copy,
+            model=model.state_dict(),
+            optimizer=None,
+            step=3,
+            model_args={},
+            config_text="{}",
         )
     assert path.read_bytes() == before  # the last good checkpoint stays
 
