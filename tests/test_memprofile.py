@@ -272,7 +272,8 @@ def test_cli_profiles_a_user_model_with_its_plan_and_picture(tmp_path):
     picture = tmp_path / "memprofile.png"
     model = USER_MODEL
     flags = ["--model", model, "--resolution", "224", "--budget", "24GiB", "--json"]
-    flags += ["--set", "collect.max_steps=1000", "--picture", str(picture)]
+    flags += ["--set", "collect.max_steps=1000", "--set", "memprofile.sample_episodes=1"]
+    flags += ["--picture", str(picture)]
     result = CliRunner().invoke(app, ["memprofile", *flags])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout.strip().splitlines()[-1])
