@@ -50,3 +50,11 @@ def test_tracking_benchmark_reports_the_same_peak_tracked_on_the_first_steps():
     for row in ("untracked", "every step tracked", "first steps tracked"):
         assert row in out
     assert "same live peak reported by both tracked rows: True" in out
+
+
+def test_collect_workers_benchmark_runs_one_and_two_processes():
+    out = _run(
+        "collect_workers.py", "--env", "swm/TwoRoom-v0", "--resolution", "32",
+        "--episodes", "2", "--workers", "1", "2",
+    )  # fmt: skip
+    assert "workers 1:" in out and "workers 2:" in out and "x one process" in out

@@ -27,9 +27,12 @@ from swmcli.errors import DatasetError, UsageError, first_line
 
 UPSTREAM_LANCE = "stable-worldmodel-lance"
 UPSTREAM_HDF5 = "stable-worldmodel-hdf5"
+UPSTREAM_FOLDER = "stable-worldmodel-folder"
+UPSTREAM_VIDEO = "stable-worldmodel-video"
 MINARI = "minari"
 LEROBOT = "lerobot"
-FOREIGN_FORMATS = (UPSTREAM_LANCE, UPSTREAM_HDF5, MINARI, LEROBOT)
+UPSTREAM = (UPSTREAM_LANCE, UPSTREAM_HDF5, UPSTREAM_FOLDER, UPSTREAM_VIDEO)
+FOREIGN_FORMATS = (*UPSTREAM, MINARI, LEROBOT)
 _PROVENANCE = ("codec", "lossy", "convention")
 DAMAGED_HINT = "the dataset is damaged or not what it claims to be: re-download or re-export it"
 
@@ -49,9 +52,10 @@ class Source(Protocol):
 def detect(path: Path) -> str | None:
     """The foreign layout at the local ``path``, or None. Cheap: reads a few bytes, lists a
     directory; never opens a Lance dataset (that would make this process unsafe to fork)."""
-    from swmcli.core.storage.foreign import lerobot, minari, upstream
+    from swmcli.core.storage.foreign import lerobot, minari, upstream, upstream_files
 
-    return upstream.detect(path) or minari.detect(path) or lerobot.detect(path)
+    found = upstream.detect(path) or upstream_files.detect(path) or minari.detect(path)
+    return found or lerobot.detect(path)
 
 
 def is_hdf5(path: Path) -> bool:
@@ -74,9 +78,11 @@ def parse_mapping(pairs: list[str] | None) -> dict[str, str]:
 
 def open_reader(path: Path, format: str, mapping: Mapping[str, str] | None = None):
     """A ``ForeignReader`` over the dataset at ``path`` (its layout ``format`` from ``detect``)."""
-    from swmcli.core.storage.foreign import lerobot, minari, upstream
+    from swmcli.core.storage.foreign import lerobot, minari, upstream, upstream_files
 
     opener = {UPSTREAM_LANCE: upstream.open_lance, UPSTREAM_HDF5: upstream.open_hdf5}
+    opener.update({UPSTREAM_FOLDER: upstream_files.open_source})
+    opener.update({UPSTREAM_VIDEO: upstream_files.open_source})
     opener.update({MINARI: minari.open_source, LEROBOT: lerobot.open_source})
     source = opener[format](path)
     try:
