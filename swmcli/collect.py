@@ -79,11 +79,10 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         action_dim = action_dim_of(env)
         cap, cap_note = buffer_capacity(cfg)
         buffer = ReplayBuffer(cap, seed=settings.seed)
-        # A first row triggers the buffer's preflight and allocation before anything is written
-        # (without asking the policy, whose seeded stream the rollouts then start from).
+        # Preflight and allocate before anything is written, from a row like the rollouts' (without
+        # asking the policy, whose seeded stream the rollouts then start from).
         obs, _ = env.reset(seed=settings.seed)
-        buffer.add(step_row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False))
-        buffer.clear()
+        buffer.allocate(step_row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False))
         metadata = env_metadata(cfg, action_dim, settings.policy)
         metadata["random_episodes"] = settings.random_episodes
         writer = open_writer(settings.out, settings.format, mode="append", metadata=metadata)
