@@ -200,25 +200,27 @@ def shard(objective: nn.Module, device: torch.device) -> nn.Module:
     return fully_shard(objective, mesh=mesh)
 
 
-def training_state(objective: nn.Module, optimizer, sharded: bool) -> tuple[dict, dict]:
-    """The model's and the optimizer's state to checkpoint, whole (a collective on every rank
-    when ``sharded``: the shards are gathered to rank 0's CPU memory)."""
+def training_state(model: nn.Module, net: nn.Module, optimizer, sharded: bool):
+    """The model's and the optimizer's state to checkpoint, whole: ``(model_state,
+    optimizer_state)``. ``net`` is what the step runs (the sharded ``Objective`` when
+    ``sharded``: then this is a collective on every rank, the shards gathered to rank 0's CPU)."""
     if not sharded:
-        return objective.model.state_dict(), optimizer.state_dict()
+        return model.state_dict(), optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state, optimizer_state = get_state_dict(objective, optimizer, options=options)
+    model_state, optimizer_state = get_state_dict(net, optimizer, options=options)
     prefix = "model."  # the checkpoint holds the model's own keys, as an unsharded run's does
     return {key.removeprefix(prefix): value for key, value in model_state.items()}, optimizer_state
 
 
-def restore_optimizer(objective: nn.Module, optimizer, state: dict, sharded: bool) -> None:
-    """Load a checkpoint's (whole) optimizer state into ``optimizer`` (sharded or not)."""
+def restore_optimizer(net: nn.Module, optimizer, state: dict, sharded: bool) -> None:
+    """Load a checkpoint's (whole) optimizer state into ``optimizer``; ``net`` is the sharded
+    ``Objective`` when ``sharded``."""
     if not sharded:
         optimizer.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True)
-    set_optimizer_state_dict(objective, optimizer, state, options=options)
+    set_optimizer_state_dict(net, optimizer, state, options=options)
