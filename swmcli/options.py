@@ -29,8 +29,8 @@ SETTINGS = {
         "runtime.bf16", "runtime.compile", "train.out", "train.seed", "data.in_memory",
         "data.ram_budget", "data.memory_steps", "online.enabled", "env.id", "online.policy",
         "online.updates_per_step", "online.warmup_steps", "online.ring_steps", "online.record",
-        "runtime.nproc", "train.loggers", "model.factory", "runtime.activation_checkpointing",
-        "runtime.optimizer_in_backward", "runtime.shard",
+        "runtime.nproc", "train.loggers", "data.skip_damaged", "model.factory",
+        "runtime.activation_checkpointing", "runtime.optimizer_in_backward", "runtime.shard",
     ),
     "eval": (
         "eval.protocol", "eval.episodes", "eval.goal_offset", "eval.step_budget", "eval.planner",
