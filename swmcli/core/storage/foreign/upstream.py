@@ -155,6 +155,7 @@ class UpstreamLance:
         for field in schema:
             self._add_column(field, first_row, dropped)
         self._align = _Alignment(self.lengths)
+        self._videos = self._video_table()
         last = None
         if "action" in self.columns and len(self.lengths):
             last = self._numbers("action", self._align.last_rows)
@@ -174,9 +175,11 @@ class UpstreamLance:
     def _episode_lengths(self) -> np.ndarray:
         table = self._guard(lambda: self._dataset.to_table(columns=["episode_idx"]))
         ids = table.column("episode_idx").to_numpy()
+        self._episode_ids = np.zeros(0, dtype=np.int64)
         if not len(ids):
             return np.zeros(0, dtype=np.int64)
         starts = np.flatnonzero(np.diff(ids) != 0) + 1
+        self._episode_ids = ids[np.concatenate([[0], starts])]
         if len(np.unique(ids[np.concatenate([[0], starts])])) != len(starts) + 1:
             raise DatasetError(f"{self.path}: an episode's rows are not contiguous", DAMAGED_HINT)
         return check_lengths(
@@ -205,7 +208,21 @@ class UpstreamLance:
         else:
             dropped[name] = f"{kind} (swm stores numbers and frames)"
 
+    def _video_table(self):
+        """main's ``lance_video`` layout: frames as MP4 blobs in ``<name>_videos.lance``."""
+        from swmcli.core.storage.foreign.video import LanceVideos
+
+        table = self.path.with_name(self.path.name[: -len(".lance")] + "_videos.lance")
+        if not table.is_dir() or not len(self.lengths):
+            return None
+        videos = self._guard(lambda: LanceVideos(table, self._episode_ids, self._align.first_rows))
+        self.columns.update(videos.columns)
+        return videos
+
     def _codec(self, first_row) -> dict:
+        if self._videos is not None and self._videos.columns:
+            frames = ", ".join(self._videos.columns)
+            return {"codec": f"{self._videos.codec} (lance_video)", "lossy": f"frames ({frames})"}
         if not self._images:
             return {"codec": None, "lossy": False}
         blob = first_row.column(next(iter(self._images)))[0].as_py()
@@ -215,13 +232,13 @@ class UpstreamLance:
             "lossy": f"frames ({', '.join(self._images)}); numbers are float32 as stored",
         }
 
-    def _take(self, name: str, rows: np.ndarray):
+    def _take(self, names: list[str], rows: np.ndarray):
         unique, inverse = np.unique(rows, return_inverse=True)
-        table = self._guard(lambda: self._dataset.take(unique, columns=[name]))
-        return table.column(name), inverse
+        return self._guard(lambda: self._dataset.take(unique, columns=names)), inverse
 
-    def _numbers(self, name: str, rows: np.ndarray) -> np.ndarray:
-        column, inverse = self._take(name, rows)
+    def _numbers(self, name: str, rows: np.ndarray, taken=None) -> np.ndarray:
+        table, inverse = taken or self._take([name], rows)
+        column = table.column(name)
         flat = column.combine_chunks().flatten().to_numpy(zero_copy_only=False)
         dtype, shape = self.columns[name]
         values = flat.reshape(len(column), self._dims[name])[inverse]
@@ -229,11 +246,23 @@ class UpstreamLance:
         return cast.reshape(len(rows), *shape)
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
+        if self._videos is not None and name in self._videos.columns:
+            return self._guard(lambda: self._videos.read(name, rows))
         if name in self._images:
-            column, inverse = self._take(name, rows)
-            frames = jpeg.decode(column.to_pylist(), self._images[name], f"{self.path} ({name})")
-            return frames[inverse]
+            table, inverse = self._take([name], rows)
+            blobs = table.column(name).to_pylist()
+            return jpeg.decode(blobs, self._images[name], f"{self.path} ({name})")[inverse]
         return self._align.apply(name, rows, np.array(self._numbers(name, rows)))
+
+    def read_many(self, names: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Several columns at these rows: every number column in one Lance take."""
+        numbers = [name for name in names if name in self._dims]
+        taken = self._take(numbers, rows) if numbers else None
+        values = {
+            name: self._align.apply(name, rows, np.array(self._numbers(name, rows, taken)))
+            for name in numbers
+        }
+        return {name: values[name] if name in values else self.read(name, rows) for name in names}
 
     def close(self) -> None:
         self._dataset = None
