@@ -154,10 +154,13 @@ def convert(
             help="swm; stable-worldmodel (its Lance or HDF5, by DST suffix); lerobot (v3)"
         ),
     ] = "swm",
+    skip_damaged: Annotated[
+        bool, typer.Option("--skip-damaged", help="leave out episodes that fail their checksum")
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Convert a dataset between formats: streamed, verified by checksums, renamed into place."""
-    key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
+    key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys is not None else None
     _run(
         "swmcli.convert:run_convert",
         as_json,
@@ -168,6 +171,7 @@ def convert(
         overwrite=overwrite,
         mapping=map_,
         layout=layout,
+        skip_damaged=skip_damaged,
     )
 
 

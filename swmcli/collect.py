@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from swmcli.config import SwmConfig
-from swmcli.errors import SwmError
+from swmcli.errors import SwmError, describe_unexpected
 from swmcli.report import CommandResult, progress
 from swmcli.rollout import (
     action_dim_of,
@@ -112,6 +112,15 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
                 hint="run the same command again to append more: new episodes get new seeds",
                 exit_code=130,
             ) from None
+        except SwmError:
+            raise
+        except Exception as error:  # the object store (or the disk) failed mid-collect
+            message, hint = describe_unexpected(error)
+            raise SwmError(
+                f"{message}; {settings.out} keeps the {writer.num_episodes} episodes written "
+                "before it",
+                hint=hint,
+            ) from error
         finally:
             env.close()
     seconds = time.perf_counter() - start
@@ -119,7 +128,8 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
     from swmcli.core.storage import location, open_reader
 
     reader = open_reader(settings.out)
-    config_path = location.with_name(settings.out, location.name(settings.out) + ".config.json")
+    out = location.as_location(settings.out)
+    config_path = location.with_name(out, location.name(out) + ".config.json")
     location.write_text(config_path, cfg.model_dump_json(indent=2) + "\n")
     result = CommandResult(
         title="collect",

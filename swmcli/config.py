@@ -153,6 +153,12 @@ class DataConfig(Section):
     cache_dir: Path | None = Field(
         None, description="keep the episode index here so reopening does not rescan"
     )
+    skip_damaged: bool = Field(
+        False,
+        description="skip episodes whose rows fail their checksum (named in a warning, "
+        "counted in the report) instead of stopping at the first",
+        json_schema_extra=flag("--skip-damaged"),
+    )
     in_memory: bool | None = Field(
         None,
         description="train from a ReplayBuffer loaded with the training episodes "
@@ -309,7 +315,7 @@ class OnlineConfig(Section):
     ring_steps: PositiveInt = Field(
         200_000, description="the online ReplayBuffer's capacity in steps: a ring of the newest"
     )
-    record: Path | None = Field(
+    record: DatasetPath | None = Field(
         None,
         description="append every finished episode to this dataset; --resume refills the "
         "buffer from it",

@@ -29,7 +29,7 @@ SETTINGS = {
         "runtime.bf16", "runtime.compile", "train.out", "train.seed", "data.in_memory",
         "data.ram_budget", "data.memory_steps", "online.enabled", "env.id", "online.policy",
         "online.updates_per_step", "online.warmup_steps", "online.ring_steps", "online.record",
-        "runtime.nproc", "train.loggers",
+        "runtime.nproc", "train.loggers", "data.skip_damaged",
     ),
     "eval": (
         "eval.protocol", "eval.episodes", "eval.goal_offset", "eval.step_budget", "eval.planner",

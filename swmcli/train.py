@@ -604,11 +604,16 @@ class _StoredData:
         return iter(_loader(self.cfg, self.clips, first_step, self.world))
 
     def fields(self) -> dict:
+        damaged = self.dataset.damaged  # found while reading; skipped with --skip-damaged
+        if damaged:
+            shown = "; ".join(f"episode {e}: {why}" for e, why in sorted(damaged.items())[:5])
+            self.warnings.append(warn(f"skipped {len(damaged)} damaged episodes: {shown}"))
         return {
             "train_episodes": len(self.episodes),
             "train_clips": len(self.dataset),
             "clip_source": "memory" if self.source.in_memory else "stream",
             "buffer_bytes": self.source.buffer_bytes,
+            "skipped_damaged_episodes": len(damaged),
         }
 
     def close(self) -> None:

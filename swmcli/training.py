@@ -82,6 +82,7 @@ def open_training_data(cfg: SwmConfig):
             frameskip=cfg.data.frameskip,
             cache_dir=cfg.data.cache_dir,
             episodes=episodes,
+            skip_damaged=cfg.data.skip_damaged,
         )
 
     everything = load(None)

@@ -129,6 +129,14 @@ class ReplayBuffer:
         self._spares = Spares(_SPARES_PER_KEY)  # gather outputs to reuse once let go
         self._reset_rows()
 
+    def __getstate__(self) -> dict:
+        # Its spare gather outputs hold a lock and only buffers of past samples: not state.
+        return {**self.__dict__, "_spares": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._spares = Spares(_SPARES_PER_KEY)
+
     def _reset_rows(self) -> None:
         """Forget every row (the arrays, if any, stay)."""
         self._tail = 0  # logical position of the oldest row held
@@ -296,12 +304,15 @@ class ReplayBuffer:
         self._index = None
 
     def add_episode(self, episode: Mapping[str, np.ndarray]) -> None:
-        """Write a whole episode (arrays of shape ``(L, ...)``) into the ring and seal it.
+        """Write a whole episode (arrays of shape ``(L, ...)``) into the ring and seal it; an
+        empty episode (no keys, or arrays of length 0) writes nothing.
 
         The same as L calls to ``add`` and one to ``end_episode``, but written in at most two
         slices per key (two when the episode wraps around the end of the ring).
         """
         lengths = {np.shape(value)[0] if np.ndim(value) else 0 for value in episode.values()}
+        if lengths <= {0}:  # ``{}`` or zero-length arrays: nothing to write (no episode)
+            return
         if len(lengths) != 1 or 0 in lengths:
             raise UsageError(
                 f"an episode needs arrays of one common, non-zero length; got lengths {lengths}"

@@ -101,6 +101,7 @@ class ForeignReader:
     """swm's Reader protocol over a foreign source: mapped keys, swm's row convention."""
 
     index_token = None  # the index comes from the source on each open: nothing to cache
+    metadata_sealed = False  # foreign layouts carry no swm metadata checksums
 
     def __init__(self, path: Path, format: str, source: Source, mapping: Mapping[str, str]):
         self.path, self.format, self._source = path, format, source
@@ -176,6 +177,9 @@ class ForeignReader:
 
     def read_checksums(self, index: int) -> None:
         return None  # foreign layouts carry no per-row checksums
+
+    def read_row_checksums(self, rows: np.ndarray) -> None:
+        return None
 
     def close(self) -> None:
         self._source.close()

@@ -20,7 +20,7 @@ import numpy as np
 
 from swmcli.core.storage import is_image, open_reader, schema_to_json
 from swmcli.core.storage import location as loc
-from swmcli.core.storage.copy import Copied, check_source, write_into_place
+from swmcli.core.storage.copy import Copied, check_source, destination_lock, write_into_place
 from swmcli.core.storage.foreign import LEROBOT, UPSTREAM_HDF5, UPSTREAM_LANCE
 from swmcli.core.storage.foreign.upstream import EXPORT_KEY
 from swmcli.errors import UsageError
@@ -67,23 +67,24 @@ def export_dataset(
             hint="e.g. data/pusht.lance or data/pusht.h5 (stable-worldmodel), data/pusht (lerobot)",
         )
     lance = layout != "lerobot" and suffix == ".lance"
-    reader = open_reader(src, mapping)
-    try:
-        keys = check_source(reader, src, dst, keys, overwrite)
-        schema = {key: reader.keys[key] for key in keys}
-        writer = {".lance": LanceExport, ".h5": Hdf5Export, ".hdf5": Hdf5Export}.get(suffix)
-        writer = LeRobotExport if layout == "lerobot" else writer
-        exact = lossless_keys(schema, lance or layout == "lerobot", frames_only=not lance)
-        if layout == "lerobot":  # a first row's reward/flags have no frame to go to
-            exact = [key for key in exact if key not in ARRIVAL_KEYS]
-        fmt = LEROBOT if layout == "lerobot" else UPSTREAM_LANCE if lance else UPSTREAM_HDF5
+    with destination_lock(dst):  # held until the copy is in place
+        reader = open_reader(src, mapping)
+        try:
+            keys = check_source(reader, src, dst, keys, overwrite)
+            schema = {key: reader.keys[key] for key in keys}
+            writer = {".lance": LanceExport, ".h5": Hdf5Export, ".hdf5": Hdf5Export}.get(suffix)
+            writer = LeRobotExport if layout == "lerobot" else writer
+            exact = lossless_keys(schema, lance or layout == "lerobot", frames_only=not lance)
+            if layout == "lerobot":  # a first row's reward/flags have no frame to go to
+                exact = [key for key in exact if key not in ARRIVAL_KEYS]
+            fmt = LEROBOT if layout == "lerobot" else UPSTREAM_LANCE if lance else UPSTREAM_HDF5
 
-        def open_temporary(temporary):
-            return writer(temporary, schema)
+            def open_temporary(temporary):
+                return writer(temporary, schema)
 
-        return write_into_place(reader, src, dst, keys, open_temporary, fmt, on_episode, exact)
-    finally:
-        reader.close()
+            return write_into_place(reader, src, dst, keys, open_temporary, fmt, on_episode, exact)
+        finally:
+            reader.close()
 
 
 def _export_metadata(schema) -> str:
