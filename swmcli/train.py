@@ -199,31 +199,38 @@ def _loader(cfg: SwmConfig, dataset, first_step: int, world):
     )
 
 
-def trim_metrics(path: Path, last_step: int) -> None:
+def trim_metrics(path: Path, last_step: int) -> int:
     """Keep the logged steps up to ``last_step``: later ones will be trained again.
 
-    A line cut short by a killed process (or damaged) is dropped too.
+    Unreadable lines are dropped: the last one cut short by a killed process, and any damaged
+    line before it, whose number is returned (said by the caller: the logged history lost them).
     """
     if not path.exists():
-        return
-    kept = [json.dumps(row) + "\n" for row in _metric_rows(path) if row["step"] <= last_step]
+        return 0
+    rows, damaged = _metric_rows(path)
+    kept = [json.dumps(row) + "\n" for row in rows if row["step"] <= last_step]
     path.write_text("".join(kept))
+    return damaged
 
 
-def _metric_rows(path: Path) -> list[dict]:
-    """The readable rows of ``metrics.jsonl``: a line cut short or damaged is skipped."""
-    rows = []
-    for line in path.read_bytes().decode(errors="replace").splitlines():
+def _metric_rows(path: Path) -> tuple[list[dict], int]:
+    """The readable rows of ``metrics.jsonl``, and how many lines before the last one are not
+    (a last line cut short by a kill is no damage)."""
+    lines = [line for line in path.read_bytes().decode(errors="replace").splitlines() if line]
+    rows, damaged = [], 0
+    for number, line in enumerate(lines):
         try:
             row = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
-            continue
+            row = None
         numbers = isinstance(row, dict) and all(
             isinstance(value, int | float) for value in row.values()
         )
         if numbers and isinstance(row.get("step"), int):
             rows.append(row)
-    return rows
+        elif number < len(lines) - 1:
+            damaged += 1
+    return rows, damaged
 
 
 def run_train(
@@ -413,8 +420,8 @@ def _set_up(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, giv
         batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...
         if state:
             restore_rng(state)  # ... so the checkpointed state is restored after it
-        if world.is_main:
-            trim_metrics(run_dir / METRICS_FILE, start)
+        if world.is_main and (damaged := trim_metrics(run_dir / METRICS_FILE, start)):
+            warn(f"{run_dir / METRICS_FILE}: {damaged} damaged line(s) dropped")
     model.train()
     return _Run(cfg, world, runner, data, model, net, optimizer, args, start, batches, fingerprint)
 
@@ -711,7 +718,7 @@ def draw_loss_curve(metrics_path: Path, picture_path: Path) -> Path | None:
     Log-scaled when every loss is positive (losses fall by orders of magnitude, then flatten),
     with labelled axes, a grid and a legend; nothing is drawn for fewer than two logged steps.
     """
-    rows = _metric_rows(metrics_path)
+    rows, _ = _metric_rows(metrics_path)
     if len(rows) < 2:
         return None
     import matplotlib
