@@ -1,13 +1,17 @@
-"""Flip one byte at a time in a small Lance data file and count what reading it does.
+"""Flip one byte at a time in every file of a small dataset of each format and count the outcomes.
 
-    python benchmarks/damage_sweep.py                 # every byte (~10,000 offsets; slow)
-    python benchmarks/damage_sweep.py --stride 11     # every 11th byte, plus the file's footer
+    python benchmarks/damage_sweep.py                  # every byte of every file (slow)
+    python benchmarks/damage_sweep.py --stride 7       # every 7th byte, plus all of the metadata
+    python benchmarks/damage_sweep.py --formats lance  # one format
 
-The dataset is the one ``tests/test_checksums.py`` sweeps (4 episodes of 6 steps at 8x8). Each
-offset runs ``tests/flip_sweep.py`` (``swm info --verify``, then a full read compared with the
-original) in a child process, 64 offsets per child; a child that dies (a decoder abort, a
-traceback) is counted as a crash, its offset printed, and the sweep goes on after it. Prints the
-counts of one-line errors, intact reads, silent changes and crashes.
+The datasets are the ones ``tests/test_checksums.py`` sweeps (4 episodes of 6 steps at 8x8). The
+flips cover every file: Lance's data files, manifest, transaction and version hint; the HDF5 file
+(its attribute and index included); the folder's metadata, arrays and PNGs; every byte of the
+swm metadata's JSON wherever it lies. Each flip runs ``tests/flip_sweep.py`` (``swm info
+--verify``, then the metadata, schema and every episode compared with the intact copy's) in a child
+process, 64 flips per child; a child that dies (a decoder abort, a traceback) is counted as a
+crash, its flip printed, and the sweep goes on after it. Prints per format the counts of one-line
+errors, intact reads, silent changes and crashes.
 """
 
 import argparse
@@ -21,54 +25,70 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from flip_sweep import dataset_files, metadata_span  # noqa: E402
 from test_storage import make_episode, write  # noqa: E402
 
 CHUNK = 64
 OUTCOMES = ("error", "intact", "SILENT")  # tests/flip_sweep.py's words
+NAMES = {"lance": "d.lance", "hdf5": "d.h5", "folder": "d"}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stride", type=int, default=1, help="sweep every Nth byte")
+    parser.add_argument("--stride", type=int, default=1, help="flip every Nth byte of each file")
+    parser.add_argument("--formats", default="lance,hdf5,folder", help="comma-separated")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="swm-sweep-") as scratch:
-        source = Path(scratch) / "d.lance"
-        write(source, [make_episode(seed, 6, resolution=8) for seed in range(4)], fmt="lance")
-        (data,) = (source / "data").glob("*.lance")
-        relative = str(data.relative_to(source))
-        size = data.stat().st_size
-        footer = range(max(size - 40, 0), size)  # where a flip once aborted pylance
-        offsets = sorted(set(range(0, size, args.stride)) | set(footer))
-        print(f"{relative}: {size} bytes, {len(offsets)} offsets", flush=True)
-        counts = sweep(source, relative, Path(scratch) / "work", offsets)
-    print(", ".join(f"{kind} {count}" for kind, count in sorted(counts.items())))
+    totals: dict[str, int] = {}
+    for fmt in args.formats.split(","):
+        with tempfile.TemporaryDirectory(prefix="swm-sweep-") as scratch:
+            source = Path(scratch) / NAMES[fmt]
+            write(source, [make_episode(seed, 6, resolution=8) for seed in range(4)], fmt=fmt)
+            targets = _every_nth(source, args.stride)
+            counts = sweep(source, Path(scratch) / "work", targets)
+        files = len({target.rsplit(":", 1)[0] for target in targets})
+        print(f"{fmt}: {files} files, {len(targets)} flips: {_words(counts)}", flush=True)
+        for kind, count in counts.items():
+            totals[kind] = totals.get(kind, 0) + count
+    print(f"total: {_words(totals)}")
 
 
-def sweep(source: Path, relative: str, work: Path, offsets: list[int]) -> dict[str, int]:
+def _every_nth(source: Path, stride: int) -> list[str]:
+    """Every ``stride``-th byte of every file, and every byte of the metadata's JSON."""
+    targets = []
+    for relative, data in dataset_files(source).items():
+        offsets = set(range(0, len(data), stride)) | set(metadata_span(data))
+        targets += [f"{relative}:{offset}" for offset in sorted(offsets)]
+    return targets
+
+
+def _words(counts: dict[str, int]) -> str:
+    return ", ".join(f"{kind} {count}" for kind, count in sorted(counts.items())) or "nothing"
+
+
+def sweep(source: Path, work: Path, targets: list[str]) -> dict[str, int]:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-    work.mkdir()
     counts: dict[str, int] = {}
-    for first in range(0, len(offsets), CHUNK):
-        todo = offsets[first : first + CHUNK]
+    for first in range(0, len(targets), CHUNK):
+        todo = targets[first : first + CHUNK]
         while todo:
             done = subprocess.run(
-                [sys.executable, str(ROOT / "tests" / "flip_sweep.py"), str(source), relative,
-                 str(work), *map(str, todo)],
-                capture_output=True, text=True, env=env, timeout=1800,
+                [sys.executable, str(ROOT / "tests" / "flip_sweep.py"), str(source), str(work),
+                 *todo],
+                capture_output=True, text=True, errors="replace", env=env, timeout=1800,
             )  # fmt: skip
             lines = [line.split(" ", 2) for line in done.stdout.splitlines()]
-            # A crash leaves its offset's line unfinished ("OFFSET " and nothing after).
+            # A crash leaves its flip's line unfinished ("FILE:OFFSET " and nothing after).
             finished = [parts for parts in lines if len(parts) >= 2 and parts[1] in OUTCOMES]
             for parts in finished:
                 counts[parts[1]] = counts.get(parts[1], 0) + 1
                 if parts[1] == "SILENT":
-                    print(f"silent change at offset {parts[0]}", flush=True)
+                    print(f"silent change at {parts[0]}", flush=True)
             if done.returncode == 0:
                 break
             crashed = todo[len(finished)]
             counts["crash"] = counts.get("crash", 0) + 1
             last = (done.stderr.strip().splitlines() or ["?"])[-1][:160]
-            print(f"crash at offset {crashed} (exit {done.returncode}): {last}", flush=True)
+            print(f"crash at {crashed} (exit {done.returncode}): {last}", flush=True)
             todo = todo[len(finished) + 1 :]
     return counts
 

@@ -8,10 +8,12 @@ The episodes are ``make_episode(seed)`` from ``../shared/bench/synth.py`` (40 x 
 224x224 frames that compress like a simple rendered scene); every row reads clips of history 4,
 frameskip 2, batch 64, with 2 readers: reader threads (``make_loader``'s default, the rows named by
 their format) or DataLoader worker processes (``data.workers = "processes"``, the ", processes"
-rows); the buffer is read in-process, as ``make_loader`` does for it. Each row runs in a fresh
-forked process (as a new ``swm train`` would) and prints clips/s after two warm-up batches, the
-time to the first batch from opening the dataset (workers' start included), bytes on disk per
-step. The dataset files are dropped from the page cache before every streamed row (cold).
+rows); the buffer is read in-process, as ``make_loader`` does for it. The ", unchecked" rows read
+without checking each row against its checksum: the checked rows' cost is measured against them.
+Each row runs in a fresh forked process (as a new ``swm train`` would) and prints clips/s after two
+warm-up batches, the time to the first batch from opening the dataset (workers' start included),
+bytes on disk per step. The dataset files are dropped from the page cache before every streamed
+row (cold).
 
 The upstream row runs ``../shared/bench/upstream_loader_bench.py`` (it writes the same episodes
 with upstream's own writer and times ``load_dataset`` + DataLoader with the same settings) with
@@ -47,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from swmcli.core.buffer import ReplayBuffer  # noqa: E402
 from swmcli.core.clips import action_rows, observation_rows  # noqa: E402
-from swmcli.core.data import load_dataset, make_loader  # noqa: E402
+from swmcli.core.data import ClipDataset, load_dataset, make_loader  # noqa: E402
 from swmcli.core.storage import nbytes_under, open_reader, open_writer  # noqa: E402
 from swmcli.memory.measure import peak_rss_bytes  # noqa: E402
 from swmcli.units import format_bytes  # noqa: E402
@@ -226,17 +228,19 @@ def run(args, scratch: Path) -> None:
     steps = args.episodes * args.length
     upstream = run_upstream(args, scratch)
     buffer = fill_buffer(args)
-    sources = {  # row -> (format, worker processes rather than threads)
-        "lance": ("lance", False),
-        "hdf5": ("hdf5", False),
-        "lance, processes": ("lance", True),
-        "hdf5, processes": ("hdf5", True),
-        "buffer": ("buffer", False),
+    sources = {  # row -> (format, worker processes rather than threads, rows checked)
+        "lance": ("lance", False, True),
+        "hdf5": ("hdf5", False, True),
+        "lance, unchecked": ("lance", False, False),
+        "hdf5, unchecked": ("hdf5", False, False),
+        "lance, processes": ("lance", True, True),
+        "hdf5, processes": ("hdf5", True, True),
+        "buffer": ("buffer", False, True),
     }
     rows = {name: [] for name in sources}
     firsts = {}
     for _ in range(args.repeats):
-        for name, (fmt, processes) in sources.items():
+        for name, (fmt, processes, checked) in sources.items():
             if fmt == "buffer":
 
                 def open_source():
@@ -244,13 +248,16 @@ def run(args, scratch: Path) -> None:
             else:
                 drop_from_page_cache(paths[fmt])
 
-                def open_source(path=paths[fmt]):
-                    return load_dataset(path, history_len=HISTORY_LEN, frameskip=FRAMESKIP)
+                def open_source(path=paths[fmt], checked=checked):
+                    clips = load_dataset(path, history_len=HISTORY_LEN, frameskip=FRAMESKIP)
+                    if not checked:  # the baseline: rows read without their checksums checked
+                        clips.__class__ = Unchecked
+                    return clips
 
             row = stream_in_child(open_source, args.batches, processes)
             firsts[name] = row.pop("first")
             rows[name].append(row)
-    per_step = {name: nbytes_under(paths[fmt]) / steps for name, (fmt, _) in sources.items()
+    per_step = {name: nbytes_under(paths[fmt]) / steps for name, (fmt, *_) in sources.items()
                 if fmt != "buffer"}  # fmt: skip
     if upstream:
         rows["upstream lance"] = upstream
@@ -266,6 +273,14 @@ def run(args, scratch: Path) -> None:
     for name, path in paths.items():
         where_time_goes(name, path, args.seed)
     convert_memory(paths["lance"], scratch / "converted.h5", args)
+
+
+class Unchecked(ClipDataset):
+    """Clips read without checking their rows' checksums: what the checks cost is the
+    difference with the checked row (each row is checked the first time a process reads it)."""
+
+    def _check_rows(self, reader, read) -> dict:
+        return {}
 
 
 def print_table(rows: dict[str, list[dict]], per_step: dict[str, float]) -> None:

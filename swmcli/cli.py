@@ -154,10 +154,13 @@ def convert(
             help="swm; stable-worldmodel (its Lance or HDF5, by DST suffix); lerobot (v3)"
         ),
     ] = "swm",
+    skip_damaged: Annotated[
+        bool, typer.Option("--skip-damaged", help="leave out episodes that fail their checksum")
+    ] = False,
     as_json: Json = False,
 ) -> None:
     """Convert a dataset between formats: streamed, verified by checksums, renamed into place."""
-    key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys else None
+    key_list = [k.strip() for k in keys.split(",") if k.strip()] if keys is not None else None
     _run(
         "swmcli.convert:run_convert",
         as_json,
@@ -168,6 +171,7 @@ def convert(
         overwrite=overwrite,
         mapping=map_,
         layout=layout,
+        skip_damaged=skip_damaged,
     )
 
 
@@ -198,6 +202,9 @@ def info(
     "swm train --preset tworoom-64 --in-memory --memory-steps 20000",
     "swm train --preset tworoom-64 --online --env swm/TwoRoom-v0 --record data/online.lance",
     "swm train --preset tiny --nproc 2",
+    "swm train --preset tiny --model tests/models/mlp_world_model.py:build",
+    "swm train --preset vit-b-224 --bf16 --activation-checkpointing blocks",
+    "swm train --preset tiny --nproc 2 --shard",
     "swm train --preset tiny --data s3://swm-bucket/tworoom/tiny.lance --out runs/tiny-s3",
 )
 def train(
@@ -263,6 +270,8 @@ def eval_(
     "swm memprofile --preset gpu24-224-bf16 --budget 24GiB --ram-budget 64GB --json",
     "swm memprofile --run runs/tiny",
     "swm memprofile --preset gpu24-224-bf16 --nproc 8",
+    "swm memprofile --preset vit-b-224 --budget 24GiB --picture memprofile.png",
+    "swm memprofile --model tests/models/mlp_world_model.py:build --budget 24GiB",
 )
 def memprofile(
     settings: dict,

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from swmcli.config import SwmConfig
-from swmcli.errors import SwmError
+from swmcli.errors import SwmError, describe_unexpected
 from swmcli.report import CommandResult, progress
 from swmcli.rollout import (
     action_dim_of,
@@ -79,11 +79,10 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
         action_dim = action_dim_of(env)
         cap, cap_note = buffer_capacity(cfg)
         buffer = ReplayBuffer(cap, seed=settings.seed)
-        # A first row triggers the buffer's preflight and allocation before anything is written
-        # (without asking the policy, whose seeded stream the rollouts then start from).
+        # Preflight and allocate before anything is written, from a row like the rollouts' (without
+        # asking the policy, whose seeded stream the rollouts then start from).
         obs, _ = env.reset(seed=settings.seed)
-        buffer.add(step_row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False))
-        buffer.clear()
+        buffer.allocate(step_row(obs, np.full(action_dim, np.nan, np.float32), 0.0, False, False))
         metadata = env_metadata(cfg, action_dim, settings.policy)
         metadata["random_episodes"] = settings.random_episodes
         writer = open_writer(settings.out, settings.format, mode="append", metadata=metadata)
@@ -113,6 +112,15 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
                 hint="run the same command again to append more: new episodes get new seeds",
                 exit_code=130,
             ) from None
+        except SwmError:
+            raise
+        except Exception as error:  # the object store (or the disk) failed mid-collect
+            message, hint = describe_unexpected(error)
+            raise SwmError(
+                f"{message}; {settings.out} keeps the {writer.num_episodes} episodes written "
+                "before it",
+                hint=hint,
+            ) from error
         finally:
             env.close()
     seconds = time.perf_counter() - start
@@ -120,7 +128,8 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
     from swmcli.core.storage import location, open_reader
 
     reader = open_reader(settings.out)
-    config_path = location.with_name(settings.out, location.name(settings.out) + ".config.json")
+    out = location.as_location(settings.out)
+    config_path = location.with_name(out, location.name(out) + ".config.json")
     location.write_text(config_path, cfg.model_dump_json(indent=2) + "\n")
     result = CommandResult(
         title="collect",

@@ -9,7 +9,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from swmcli.errors import UsageError
-from swmcli.report import CommandResult, Table, progress
+from swmcli.report import CommandResult, Table, progress, warn
 
 
 def run_convert(
@@ -21,12 +21,14 @@ def run_convert(
     mapping: list[str] | None = None,
     layout: str = "swm",
     monitor=None,
+    skip_damaged: bool = False,
 ) -> CommandResult:
     """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given, with a progress bar; the result names both sizes.
     ``mapping`` (``SRC=DST`` pairs) renames another tool's columns on the way in; ``layout``
     "stable-worldmodel" writes that tool's own Lance or HDF5 layout instead of swm's.
-    ``monitor`` (a MemoryMonitor) measures it as the phase "convert".
+    ``monitor`` (a MemoryMonitor) measures it as the phase "convert"; ``skip_damaged`` leaves
+    out (and counts) episodes that fail their checksum.
     """
     from swmcli.core.storage.copy import copy_dataset
     from swmcli.core.storage.foreign import parse_mapping
@@ -36,6 +38,11 @@ def run_convert(
         raise UsageError(f"unknown layout {layout!r}", hint=f"use one of {', '.join(LAYOUTS)}")
     if layout != "swm" and to is not None:
         raise UsageError(f"--to and --layout {layout} together", hint="--to is for swm's formats")
+    if layout != "swm" and skip_damaged:
+        raise UsageError(
+            f"--skip-damaged and --layout {layout} together",
+            hint="convert to swm's layout first with --skip-damaged, then export that",
+        )
     started = time.perf_counter()
     with _phase(monitor, "convert"), progress("convert", total=_episode_count(src)) as advance:
         copied = (copy_dataset if layout == "swm" else export_dataset)(
@@ -45,7 +52,7 @@ def run_convert(
             overwrite=overwrite,
             on_episode=lambda *_: advance(1),
             mapping=parse_mapping(mapping),
-            **({"to": to} if layout == "swm" else {"layout": layout}),
+            **({"to": to, "skip_damaged": skip_damaged} if layout == "swm" else {"layout": layout}),
         )
     fields = {
         "src": str(copied.src),
@@ -56,9 +63,14 @@ def run_convert(
         "src_size_bytes": copied.src_size_bytes,
         "dst_size_bytes": copied.dst_size_bytes,
         "verified": True,
+        "skipped_damaged_episodes": len(copied.skipped),
         "seconds": round(time.perf_counter() - started, 2),
     }
-    return CommandResult(title="swm convert", fields=fields)
+    warnings = []
+    if copied.skipped:
+        shown = "; ".join(f"episode {e}: {why}" for e, why in list(copied.skipped.items())[:5])
+        warnings.append(warn(f"left out {len(copied.skipped)} damaged episodes: {shown}"))
+    return CommandResult(title="swm convert", fields=fields, warnings=warnings)
 
 
 def _episode_count(path: str | Path) -> int:
@@ -111,6 +123,9 @@ def _info(path: str | Path, verify: bool, mapping: list[str] | None) -> CommandR
             "per_step_bytes": on_disk // steps if steps else None,
         }
         fields.update({k: v for k, v in reader.metadata.items() if k != "keys"})
+        # Datasets written before metadata checksums (and foreign ones) cannot be checked.
+        sealed = reader.metadata_sealed
+        fields["metadata_checksums"] = "verified" if sealed else "unverified metadata"
         fields.update(verified)
         rows = [
             [key, np.dtype(dtype).name, list(shape), np.dtype(dtype).itemsize * int(np.prod(shape))]

@@ -78,6 +78,9 @@ def describe_unexpected(err: Exception) -> tuple[str, str]:
             f"out of memory: {message}",
             "lower --resolution, --batch-size or --buffer-steps (`swm memprofile` shows what fits)",
         )
+    store = _object_store_failure(err)
+    if store is not None:
+        return store
     if isinstance(err, OSError):
         where = f"{err.filename}: " if err.filename else ""
         return (
@@ -88,3 +91,38 @@ def describe_unexpected(err: Exception) -> tuple[str, str]:
         f"{type(err).__name__}: {message}",
         "this is a bug in swm: rerun with SWM_DEBUG=1 and report the traceback",
     )
+
+
+# How an unreachable object store and a missing bucket read in boto's, s3fs's and Lance's errors.
+_UNREACHABLE = (
+    "EndpointConnectionError",
+    "Could not connect to the endpoint",
+    "Connection refused",
+    "ConnectTimeout",
+    "error sending request",
+    "dns error",
+)
+_NO_BUCKET = ("NoSuchBucket", "specified bucket does not exist")
+
+
+def _object_store_failure(err: Exception) -> tuple[str, str] | None:
+    """One line naming the endpoint for an object store that cannot be reached or lacks the
+    bucket (instead of a raw ``EndpointConnectionError`` or Lance's XML); None otherwise."""
+    import os
+    import re
+
+    text = f"{type(err).__name__}: {err}"
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the AWS default endpoint"
+    if any(word in text for word in _NO_BUCKET):
+        found = re.search(r"<BucketName>([^<]+)</BucketName>", text)
+        bucket = f"bucket {found.group(1)}" if found else "the bucket"
+        return (
+            f"{bucket} does not exist at {endpoint}",
+            "create the bucket, or check the s3:// URI and AWS_ENDPOINT_URL",
+        )
+    if any(word in text for word in _UNREACHABLE):
+        return (
+            f"cannot reach the object store at {endpoint}",
+            "check that it is running and that AWS_ENDPOINT_URL names it",
+        )
+    return None

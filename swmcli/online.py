@@ -51,11 +51,10 @@ class OnlineFeed:
         self.buffer = ReplayBuffer(
             self.cap, cfg.data.history_len, cfg.data.frameskip, seed=self.seed, max_bytes=budget
         )
-        # One row runs the buffer's preflight and allocation before the model is built.
+        # The buffer's preflight and allocation, before the model is built.
         obs, _ = self.env.reset(seed=self.seed)
         nan = np.full(self.action_dim, np.nan, np.float32)
-        self.buffer.add(step_row(obs, nan, 0.0, False, False))
-        self.buffer.clear()
+        self.buffer.allocate(step_row(obs, nan, 0.0, False, False))
         self.writer = None
         self.episodes = self.rows = 0  # finished episodes and rows collected, record included
         self.refilled = 0

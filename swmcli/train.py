@@ -1,13 +1,15 @@
 """`swm train`: train the JEPA world model on clips from a dataset, or collected online.
 
-The loop reads top to bottom: open the data, build the model and AdamW, restore a checkpoint if
-resuming, then for each step run ``grad_accum`` micro-batches under the runner's autocast, clip
-gradients, step, log, and checkpoint every ``checkpoint_every`` steps.
+The run reads top to bottom: ``_set_up`` opens the data, builds the model and AdamW and restores
+a checkpoint if resuming; ``_train`` is then one loop over the steps: each step runs
+``grad_accum`` micro-batches through ``training.optimizer_step`` (forward under the runner's
+autocast, backward, clip, AdamW: the very step ``swm memprofile`` traces), logs, and checkpoints
+(``_Run.checkpoint``) every ``checkpoint_every`` steps; ``_result`` reports.
 
-The data is one of three (``_StoredData``, ``_OnlineData``): a dataset's training episodes
-(held-out ones excluded) streamed from disk, the same episodes loaded into a ReplayBuffer when
-they fit the RAM budget (``core/source.py``), or episodes a policy collects into a capped buffer
-while the model trains (``online.py``).
+The loop reads its clips through ``TrainingData`` only: a dataset's training episodes (held-out
+ones excluded) streamed from disk or loaded into a ReplayBuffer when they fit the RAM budget
+(``_StoredData``, ``core/source.py``), or episodes a policy collects into a capped buffer while
+the model trains (``_OnlineData``, ``online.py``).
 
 Reproducible: the clip order of every step is a function of (seed, step) (see ``ClipOrder``), the
 model init and SIGReg's random directions come from torch's seeded generator, and checkpoints
@@ -23,7 +25,11 @@ alone writes the run directory and reports (with every rank's memory peaks).
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, closing
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from swmcli.config import CONFIG_FILE, SwmConfig, resume_config, save_config, with_settings
 from swmcli.errors import SwmError, UsageError
@@ -44,6 +50,9 @@ from swmcli.units import format_bytes
 METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"
 PASSES_WARNING = 50  # more passes than this over the training clips and the model memorises them
+# Steady steps counted by the live-tensor tracker (CPU): the first sees the weights and AdamW state
+# only as it touches them, the second counts them from its start; later steps are alike, untracked.
+TRACKED_STEADY_STEPS = 2
 
 
 def _is_dataset(path: Path) -> bool:
@@ -101,7 +110,11 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world, given) 
 
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
     data_path = location.resolve(location.as_location(cfg.data.path))
-    cfg = with_settings(cfg, {"data.path": data_path, "runtime.nproc": world.size})
+    from swmcli.models.protocol import portable_factory
+
+    factory = portable_factory(cfg.model.factory)
+    settings = {"data.path": data_path, "runtime.nproc": world.size, "model.factory": factory}
+    cfg = with_settings(cfg, settings)
     if world.is_main and not resume:
         save_config(cfg, run_dir)
     return cfg
@@ -186,48 +199,38 @@ def _loader(cfg: SwmConfig, dataset, first_step: int, world):
     )
 
 
-def _train_step(model, optimizer, batches, runner, step: int, cfg: SwmConfig, world):
-    """One optimizer step over ``grad_accum`` host batches; returns the logged figures (the
-    mean over the ranks: the global batch's)."""
-    from swmcli.core.distributed import mean_over_ranks
-
-    for group in optimizer.param_groups:
-        group["lr"] = learning_rate(step, cfg.train.steps, cfg.train.lr)
-    # A generator: each micro-batch moves to the device only when its turn comes.
-    device_batches = (runner.to_device(batch) for batch in batches)
-    parts, grad_norm = optimizer_step(
-        model, optimizer, device_batches, runner, cfg.train.grad_clip, len(batches)
-    )
-    means = {key: sum(float(p[key]) for p in parts) / len(parts) for key in parts[0]}
-    means = mean_over_ranks(means, world)
-    return {**means, "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"]}
-
-
-def trim_metrics(path: Path, last_step: int) -> None:
+def trim_metrics(path: Path, last_step: int) -> int:
     """Keep the logged steps up to ``last_step``: later ones will be trained again.
 
-    A line cut short by a killed process (or damaged) is dropped too.
+    Unreadable lines are dropped: the last one cut short by a killed process, and any damaged
+    line before it, whose number is returned (said by the caller: the logged history lost them).
     """
     if not path.exists():
-        return
-    kept = [json.dumps(row) + "\n" for row in _metric_rows(path) if row["step"] <= last_step]
+        return 0
+    rows, damaged = _metric_rows(path)
+    kept = [json.dumps(row) + "\n" for row in rows if row["step"] <= last_step]
     path.write_text("".join(kept))
+    return damaged
 
 
-def _metric_rows(path: Path) -> list[dict]:
-    """The readable rows of ``metrics.jsonl``: a line cut short or damaged is skipped."""
-    rows = []
-    for line in path.read_bytes().decode(errors="replace").splitlines():
+def _metric_rows(path: Path) -> tuple[list[dict], int]:
+    """The readable rows of ``metrics.jsonl``, and how many lines before the last one are not
+    (a last line cut short by a kill is no damage)."""
+    lines = [line for line in path.read_bytes().decode(errors="replace").splitlines() if line]
+    rows, damaged = [], 0
+    for number, line in enumerate(lines):
         try:
             row = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
-            continue
+            row = None
         numbers = isinstance(row, dict) and all(
             isinstance(value, int | float) for value in row.values()
         )
         if numbers and isinstance(row.get("step"), int):
             rows.append(row)
-    return rows
+        elif number < len(lines) - 1:
+            damaged += 1
+    return rows, damaged
 
 
 def run_train(
@@ -304,19 +307,57 @@ def _plain(value):
     return str(value) if isinstance(value, Path) else value
 
 
-def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, given):
-    """``run_train``'s work, as one rank of ``world``."""
-    from swmcli.config import config_text
+@dataclass
+class _Run:
+    """What the training loop trains with (``_set_up`` builds it)."""
+
+    cfg: SwmConfig  # the run's config, as saved in its directory
+    world: Any
+    runner: Any
+    data: "TrainingData"
+    model: Any  # the world model, as checkpoints hold it
+    net: Any  # what a step runs: the model, or its data-parallel wrapper
+    optimizer: Any
+    args: dict[str, int]  # ``model_args``: the clip shape the model is built for
+    start: int  # the first step to train (0, or the checkpoint's step)
+    batches: Iterator[dict]  # the host batches of steps ``start ..``, in order
+    fingerprint: dict | None  # what the stored data looks like (``_data_fingerprint``)
+
+    def checkpoint(self, step: int) -> None:
+        """Save the run at ``step`` with its config and data fingerprint (rank 0; atomic)."""
+        from swmcli.config import config_text
+        from swmcli.memory.levers import training_state
+        from swmcli.models.checkpoint import save_checkpoint
+
+        # Every rank: a sharded run gathers its shards here; rank 0 writes.
+        model_state, optimizer_state = training_state(
+            self.model, self.net, self.optimizer, self.cfg.runtime.shard
+        )
+        if self.world.is_main:
+            save_checkpoint(
+                Path(self.cfg.train.out),
+                model=model_state,
+                optimizer=optimizer_state,
+                step=step,
+                model_args=self.args,
+                config_text=config_text(self.cfg),
+                data_fingerprint=self.fingerprint,
+            )
+
+
+def _set_up(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, given) -> _Run:
+    """The run directory, device, data, model, optimizer and first step of this rank's run."""
     from swmcli.core import distributed
     from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
+    from swmcli.memory.levers import make_optimizer, restore_optimizer, shard
     from swmcli.memory.predict import check_training_fits
     from swmcli.models.checkpoint import (
         check_data_fingerprint,
         load_checkpoint,
         restore_model,
         restore_rng,
-        save_checkpoint,
     )
+    from swmcli.models.protocol import Objective
 
     check_installed(cfg.train.loggers)
     cfg = _prepare_run(cfg, resume, steps, world, given)
@@ -342,18 +383,20 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, give
                 "--online collects and trains in one process: it does not run data-parallel",
                 hint="drop --nproc (or torchrun), or train data-parallel from a dataset",
             )
-        data = _OnlineData(cfg, resume) if cfg.online.enabled else _StoredData(cfg, world)
+        data: TrainingData = (
+            _OnlineData(cfg, resume) if cfg.online.enabled else _StoredData(cfg, world)
+        )
         args = model_args(cfg, data.metadata)
         needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
         info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
-        if not cfg.online.enabled:  # a stored dataset: resuming needs the same one
-            fingerprint = _data_fingerprint(data.dataset.episode_lengths)
+        if data.episode_lengths is not None:  # a stored dataset: resuming needs the same one
+            fingerprint = _data_fingerprint(data.episode_lengths)
             check_data_fingerprint(run_dir, fingerprint, state, write=world.is_main)
     if data.loads:
         with monitor.phase("load into memory"):
             data.load()
     with monitor.phase("setup"):
-        model, optimizer = build_model(cfg, data.metadata)
+        model = build_model(cfg, data.metadata)
         start = state["step"] if state else 0
         if start >= cfg.train.steps:
             raise UsageError(
@@ -363,38 +406,135 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, give
         if state:
             restore_model(model, state, checkpoint_path(run_dir))
         runner.prepare(model)
+        objective = Objective(model, cfg.model)
+        sharded = cfg.runtime.shard
+        if sharded:
+            net = shard(objective, runner.device)
+        else:
+            net = distributed.wrap(objective, world, runner.device)
+        # After .to(device) and sharding: the optimizer's state sits where the parameters do.
+        optimizer = make_optimizer(model, cfg.train, cfg.runtime.optimizer_in_backward)
         if state:
-            # After .to(device): the optimizer's state must sit where the parameters are.
-            optimizer.load_state_dict(state["optimizer"])
-        net = distributed.wrap(model, world, runner.device)
-        if cfg.online.enabled:
-            data.feed.plan_with(model, runner)  # --policy planner plans with the model it trains
+            restore_optimizer(net, optimizer, state["optimizer"], sharded)
+        data.use_model(model, runner)
         batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...
         if state:
             restore_rng(state)  # ... so the checkpointed state is restored after it
-        if world.is_main:
-            trim_metrics(run_dir / METRICS_FILE, start)
+        if world.is_main and (damaged := trim_metrics(run_dir / METRICS_FILE, start)):
+            warn(f"{run_dir / METRICS_FILE}: {damaged} damaged line(s) dropped")
     model.train()
+    return _Run(cfg, world, runner, data, model, net, optimizer, args, start, batches, fingerprint)
 
-    def checkpoint(step: int) -> None:
-        if world.is_main:
-            save_checkpoint(
-                run_dir,
-                model=model,
-                optimizer=optimizer,
-                step=step,
-                model_args=args,
-                config_text=config_text(cfg),
-                data_fingerprint=fingerprint,
-            )
 
-    try:
-        check = _ActionCheck(cfg.data.path, args["action_dim"], data.warnings)
-        summary = _loop(
-            cfg, net, optimizer, batches, check, runner, monitor, start, checkpoint, world
-        )
-    finally:
-        data.close()
+def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, given):
+    """``run_train``'s work, as one rank of ``world``: set up, then one loop over the steps.
+
+    The first step is measured alone (it compiles), then the steady state. Ctrl-C or SIGTERM
+    stops after the step in progress (on every rank, the same step), with a checkpoint at that
+    step, so ``--resume`` continues from there (exit code 130).
+    """
+    from swmcli.core.distributed import any_rank
+    from swmcli.core.interrupts import deferred_interrupts
+
+    run = _set_up(cfg, monitor, resume, steps, world, given)
+    cfg, data = run.cfg, run.data
+    run_dir, last_step = Path(cfg.train.out), cfg.train.steps
+    check = _ActionCheck(cfg.data.path, run.args["action_dim"], data.warnings)
+    metrics_file = run_dir / METRICS_FILE if world.is_main else os.devnull
+    clips_per_step = cfg.train.batch_size * cfg.train.grad_accum
+    last: dict[str, float] = {}
+    steady_seconds = 0.0
+    with (
+        closing(data),
+        progress("train", total=last_step - run.start) as advance,
+        open(metrics_file, "a") as metrics,
+        open_loggers(
+            cfg.train.loggers if world.is_main else [], run_dir, first_step=run.start
+        ) as loggers,
+        deferred_interrupts() as interrupted,
+        ExitStack() as phase,
+    ):
+        for step in range(run.start, last_step):
+            if step == run.start:
+                phase.enter_context(monitor.phase("first step (incl. compile)"))
+            elif step == run.start + 1:
+                phase.close()
+                phase.enter_context(monitor.phase("steady state"))
+            began = time.perf_counter()
+            micro = [next(run.batches) for _ in range(cfg.train.grad_accum)]
+            check(micro)
+            last = _train_step(run, micro, step)
+            if step - run.start >= TRACKED_STEADY_STEPS:
+                monitor.stop_tracking()  # their peak is every step's; the rest runs untracked
+            seconds = time.perf_counter() - began
+            steady_seconds += seconds if step > run.start else 0.0
+            last["clips_per_s"] = clips_per_step / seconds
+            done = step + 1
+            if done % cfg.train.log_every == 0 or done == last_step or step == run.start:
+                metrics.write(json.dumps({"step": done, **last}) + "\n")
+                metrics.flush()
+                loggers.scalars(done, last)
+            stop = any_rank(interrupted(), world)
+            if stop or done % cfg.train.checkpoint_every == 0 or done == last_step:
+                run.checkpoint(done)
+            advance(1, loss=last["loss"], clips_per_s=round(last["clips_per_s"], 1))
+            if step == run.start + 1 and done < last_step:
+                info(
+                    f"estimate: about {format_seconds((last_step - done) * seconds)} for the "
+                    f"remaining {last_step - done} steps ({seconds:.3g} s per step, measured on "
+                    f"step {done})"
+                )
+            if stop:
+                _stopped(done, run_dir, world)
+    steady_steps = last_step - run.start - 1
+    summary = {
+        "final_loss": last.get("loss"),
+        "final_prediction_loss": last.get("prediction"),
+        "final_latent_rank": last.get("latent_rank"),
+        "steady_clips_per_s": clips_per_step * steady_steps / steady_seconds
+        if steady_steps
+        else None,
+        "steady_seconds": steady_seconds,
+    }
+    return _result(run, monitor, summary, resume)
+
+
+def _train_step(run: _Run, micro: list[dict], step: int) -> dict[str, float]:
+    """Optimizer step ``step`` over the host batches ``micro`` (``grad_accum`` of them): its
+    learning rate, then ``training.optimizer_step``; returns the figures logged (the global
+    batch's: the mean over the ranks)."""
+    from swmcli.core.distributed import mean_over_ranks
+
+    train = run.cfg.train
+    for group in run.optimizer.param_groups:
+        group["lr"] = learning_rate(step, train.steps, train.lr)
+    # A generator: each micro-batch moves to the device only when its turn comes.
+    device_batches = (run.runner.to_device(batch) for batch in micro)
+    parts, grad_norm = optimizer_step(
+        run.net, run.optimizer, device_batches, run.runner, train.grad_clip, len(micro)
+    )
+    means = {key: sum(float(p[key]) for p in parts) / len(parts) for key in parts[0]}
+    means = mean_over_ranks(means, run.world)
+    return {**means, "grad_norm": float(grad_norm), "lr": run.optimizer.param_groups[0]["lr"]}
+
+
+def _stopped(step: int, run_dir: Path, world) -> None:
+    """Leave after an interrupted ``step`` (checkpointed): rank 0 reports it for every rank."""
+    if not world.is_main:
+        raise SystemExit(130)
+    raise SwmError(
+        f"interrupted after step {step}: checkpoint saved in {run_dir}",
+        hint=f"swm train --out {run_dir} --resume continues from step {step}",
+        exit_code=130,
+    )
+
+
+def _result(run: _Run, monitor, summary: dict, resume: bool) -> CommandResult | None:
+    """The run's result (rank 0; every rank's memory peaks), its loss curve drawn and logged."""
+    from swmcli.core import distributed
+
+    cfg, world, model, runner = run.cfg, run.world, run.model, run.runner
+    run_dir = Path(cfg.train.out)
     every_rank = distributed.gather_objects(monitor.report.phases, world)
     if not world.is_main:
         return None
@@ -408,9 +548,9 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, give
         fields={
             "run_dir": str(run_dir),
             "steps": cfg.train.steps,
-            "resumed_from_step": start if resume else None,
-            **data.fields(),
-            "model_bytes": model_bytes(model, optimizer),
+            "resumed_from_step": run.start if resume else None,
+            **run.data.fields(),
+            "model_bytes": model_bytes(model, run.optimizer),
             "parameters": parameters,
             "device": str(runner.device),
             "dtype": str(runner.dtype).removeprefix("torch."),
@@ -421,9 +561,26 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, give
             "checkpoint": str(checkpoint_path(run_dir)),
             "loss_curve": str(run_dir / LOSS_CURVE_FILE),
         },
-        notes=[runner.dtype_reason, *data.notes],
-        warnings=data.warnings,
+        notes=[runner.dtype_reason, *run.data.notes],
+        warnings=run.data.warnings,
     )
+
+
+class TrainingData(Protocol):
+    """Where a run's clips come from: a dataset (``_StoredData``) or a policy collecting while
+    the model trains (``_OnlineData``). The loop reads only this."""
+
+    metadata: dict  # what ``model_args`` reads: resolution, action_dim
+    episode_lengths: Any  # a dataset's, fingerprinted for --resume; None online
+    loads: bool  # ``load`` has work to do (measured as its own phase)
+    notes: list[str]
+    warnings: list[str]
+
+    def load(self) -> None: ...
+    def use_model(self, model, runner) -> None: ...
+    def batches(self, first_step: int) -> Iterator[dict]: ...
+    def fields(self) -> dict: ...
+    def close(self) -> None: ...
 
 
 class _StoredData:
@@ -440,6 +597,7 @@ class _StoredData:
             )
         self.cfg, self.world = cfg, world
         self.dataset, self.episodes, self.metadata = open_training_data(cfg)
+        self.episode_lengths = self.dataset.episode_lengths
         self.warnings = _passes_warning(cfg, len(self.dataset))
         self.budget = ram_budget(cfg.data.ram_budget, cfg.data.ram_share)
         words = (
@@ -461,15 +619,23 @@ class _StoredData:
 
         self.clips = load_clips(self.dataset, self.budget, self.cfg.train.seed)
 
+    def use_model(self, model, runner) -> None:
+        """A dataset's clips do not depend on the model."""
+
     def batches(self, first_step: int):
         return iter(_loader(self.cfg, self.clips, first_step, self.world))
 
     def fields(self) -> dict:
+        damaged = self.dataset.damaged  # found while reading; skipped with --skip-damaged
+        if damaged:
+            shown = "; ".join(f"episode {e}: {why}" for e, why in sorted(damaged.items())[:5])
+            self.warnings.append(warn(f"skipped {len(damaged)} damaged episodes: {shown}"))
         return {
             "train_episodes": len(self.episodes),
             "train_clips": len(self.dataset),
             "clip_source": "memory" if self.source.in_memory else "stream",
             "buffer_bytes": self.source.buffer_bytes,
+            "skipped_damaged_episodes": len(damaged),
         }
 
     def close(self) -> None:
@@ -494,6 +660,7 @@ class _OnlineData:
         if not resume:
             self.feed.open_record(resume=False)
         self.metadata = self.feed.metadata
+        self.episode_lengths = None  # collected as it trains: nothing to compare on --resume
         self.warnings: list[str] = []
         self.notes = [
             f"online: {cfg.online.policy} policy in {cfg.env.id}, "
@@ -503,6 +670,9 @@ class _OnlineData:
 
     def load(self) -> None:
         self.feed.open_record(resume=True)
+
+    def use_model(self, model, runner) -> None:
+        self.feed.plan_with(model, runner)  # --policy planner plans with the model it trains
 
     def batches(self, first_step: int):
         return self.feed.batches(first_step)
@@ -542,87 +712,13 @@ def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
     ]
 
 
-def _loop(cfg, model, optimizer, batches, check, runner, monitor, start, checkpoint, world) -> dict:
-    """Steps ``start .. train.steps-1``: the first alone (it compiles), then the steady state.
-
-    Ctrl-C or SIGTERM stops after the step in progress (on every rank, the same step), with a
-    checkpoint at that step, so ``--resume`` continues from there (exit code 130).
-    """
-    from swmcli.core.distributed import any_rank
-    from swmcli.core.interrupts import deferred_interrupts
-
-    run_dir = Path(cfg.train.out)
-    metrics_file = run_dir / METRICS_FILE if world.is_main else os.devnull
-    logger_names = cfg.train.loggers if world.is_main else []
-    clips_per_step = cfg.train.batch_size * cfg.train.grad_accum
-    last: dict[str, float] = {}
-    steady = {"seconds": 0.0, "steps": 0}
-    with (
-        progress("train", total=cfg.train.steps - start) as advance,
-        open(metrics_file, "a") as metrics,
-        open_loggers(logger_names, run_dir, first_step=start) as loggers,
-        deferred_interrupts() as interrupted,
-    ):
-
-        def run(steps: range) -> None:
-            for step in steps:
-                began = time.perf_counter()
-                micro = [next(batches) for _ in range(cfg.train.grad_accum)]
-                check(micro)
-                last.update(_train_step(model, optimizer, micro, runner, step, cfg, world))
-                seconds = time.perf_counter() - began
-                if step > start:
-                    steady["seconds"] += seconds
-                    steady["steps"] += 1
-                last["clips_per_s"] = clips_per_step / seconds
-                done = step + 1
-                if done % cfg.train.log_every == 0 or done == cfg.train.steps or step == start:
-                    metrics.write(json.dumps({"step": done, **last}) + "\n")
-                    metrics.flush()
-                    loggers.scalars(done, last)
-                saved = done % cfg.train.checkpoint_every == 0 or done == cfg.train.steps
-                stop = any_rank(interrupted(), world)
-                if saved or stop:
-                    checkpoint(done)
-                advance(1, loss=last["loss"], clips_per_s=round(last["clips_per_s"], 1))
-                if step == start + 1 and done < cfg.train.steps:
-                    remaining = cfg.train.steps - done
-                    info(
-                        f"estimate: about {format_seconds(remaining * seconds)} for the remaining "
-                        f"{remaining} steps ({seconds:.3g} s per step, measured on step {done})"
-                    )
-                if stop and not world.is_main:
-                    raise SystemExit(130)  # rank 0 reports the interruption for every rank
-                if stop:
-                    raise SwmError(
-                        f"interrupted after step {done}: checkpoint saved in {run_dir}",
-                        hint=f"swm train --out {run_dir} --resume continues from step {done}",
-                        exit_code=130,
-                    )
-
-        with monitor.phase("first step (incl. compile)"):
-            run(range(start, start + 1))
-        if start + 1 < cfg.train.steps:
-            with monitor.phase("steady state"):
-                run(range(start + 1, cfg.train.steps))
-    return {
-        "final_loss": last.get("loss"),
-        "final_prediction_loss": last.get("prediction"),
-        "final_latent_rank": last.get("latent_rank"),
-        "steady_clips_per_s": clips_per_step * steady["steps"] / steady["seconds"]
-        if steady["steps"]
-        else None,
-        "steady_seconds": steady["seconds"],
-    }
-
-
 def draw_loss_curve(metrics_path: Path, picture_path: Path) -> Path | None:
     """A PNG of the total and prediction losses against the step, from ``metrics.jsonl``.
 
     Log-scaled when every loss is positive (losses fall by orders of magnitude, then flatten),
     with labelled axes, a grid and a legend; nothing is drawn for fewer than two logged steps.
     """
-    rows = _metric_rows(metrics_path)
+    rows, _ = _metric_rows(metrics_path)
     if len(rows) < 2:
         return None
     import matplotlib

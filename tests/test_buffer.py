@@ -262,6 +262,20 @@ def test_preflight_refuses_a_budget_before_allocating():
     assert fits.nbytes == fits.nbytes_for(600, step) == 600 * fits.bytes_per_step
 
 
+def test_allocate_preflights_and_allocates_from_an_example_row_writing_nothing():
+    step = {key: value[0] for key, value in make_episode(0, 1, res=16).items()}
+    per_step = step_bytes(step)
+    with pytest.raises(BudgetExceeded):
+        ReplayBuffer(1000, max_bytes=per_step * 10).allocate(step)
+    buf = ReplayBuffer(100, history_len=2, seed=0)
+    buf.allocate({key: value for key, value in step.items() if key != "action"} | step)
+    assert buf.nbytes == 100 * per_step and len(buf) == 0 and buf.num_clips == 0
+    buf.add_episode(make_episode(1, 10, res=16))  # rows like the example fit the rings
+    assert len(buf) == 10 and buf.nbytes == 100 * per_step
+    with pytest.raises(UsageError, match="allocated already"):
+        buf.allocate(step)
+
+
 def test_clear_keeps_the_arrays_and_release_frees_them():
     buf = ReplayBuffer(50, history_len=2)
     buf.add_episode(make_episode(0, 20))
@@ -376,7 +390,6 @@ def test_every_bad_argument_is_a_value_error_a_library_user_can_catch():
         lambda: ReplayBuffer(10**6, max_bytes=1).add_episode(make_episode(0, 5)),
         buf.end_episode,
         lambda: buf.sample(4),
-        lambda: buf.add_episode({"pixels": np.zeros((0, 2, 2, 3), np.uint8)}),
         lambda: buf.add_episode(make_episode(0, 25)),
     ]
     for call in bad_calls:
@@ -394,3 +407,33 @@ def test_every_bad_argument_is_a_value_error_a_library_user_can_catch():
         buf[buf.num_clips]
     with pytest.raises(IndexError):
         buf.read_batch([0, -buf.num_clips - 1])
+
+
+def test_a_buffer_pickles_to_an_equal_buffer():
+    import pickle
+
+    buffer = ReplayBuffer(50, history_len=2, frameskip=1, seed=3)
+    for seed in range(3):
+        buffer.add_episode(make_episode(seed, 6 + seed))
+    buffer.sample(4)  # its spare outputs hold a lock: not part of what is pickled
+    copy = pickle.loads(pickle.dumps(buffer))
+    assert (len(copy), copy.num_episodes, copy.num_clips) == (21, 3, 18)
+    for mine, theirs in zip(buffer.episodes(), copy.episodes(), strict=True):
+        for key in mine:
+            np.testing.assert_array_equal(mine[key], theirs[key])
+    mine, theirs = buffer.sample(5), copy.sample(5)  # the same generator state too
+    for key in mine:
+        np.testing.assert_array_equal(mine[key], theirs[key])
+
+
+def test_writing_an_empty_episode_is_a_no_op():
+    buffer = ReplayBuffer(20, seed=0)
+    buffer.add_episode({})
+    empty = {"pixels": np.zeros((0, 4, 4, 3), np.uint8), "action": np.zeros((0, 2), np.float32)}
+    buffer.add_episode(empty)
+    assert (len(buffer), buffer.num_episodes, buffer.nbytes) == (0, 0, 0)
+    buffer.add_episode(make_episode(0, 5))
+    buffer.write_episode(empty)
+    assert (len(buffer), buffer.num_episodes) == (5, 1)
+    with pytest.raises(UsageError, match="one common, non-zero length"):
+        buffer.add_episode({"pixels": empty["pixels"], "action": np.zeros((3, 2), np.float32)})

@@ -1,7 +1,10 @@
 """Checksums written with the data: carried by convert, checked by `swm info --verify`, and a
 sweep of one-byte flips over each format that must end in a clean error or intact data."""
 
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from flip_sweep import dataset_files, metadata_span
 from test_storage import make_episode, write
 
 from swmcli.convert import run_info
@@ -35,11 +39,12 @@ def test_checksums_are_written_and_carried_by_copy_dataset(tmp_path):
     assert run_info(tmp_path / "c", verify=True).fields["checksums"] is True
 
 
-def _damage_reward(path: Path, episode: int) -> None:
-    """Change one reward of ``episode`` behind swm's back (valid HDF5, wrong data)."""
+def _damage_reward(path: Path, episode: int, key: str = "reward") -> None:
+    """Change one reward (or ``key``) of ``episode`` behind swm's back (valid HDF5, wrong
+    data)."""
     with h5py.File(path, "r+") as file:
         start = int(file["episode_offsets"][episode])
-        file["reward"][start + 1] += 1
+        file[key][start + 1] += 1
 
 
 def test_verify_names_the_damaged_episode_and_convert_refuses_it(tmp_path):
@@ -55,57 +60,67 @@ def test_verify_names_the_damaged_episode_and_convert_refuses_it(tmp_path):
     assert not (tmp_path / "copy.lance").exists()
 
 
-def _flip_targets(tmp_path: Path, fmt: str) -> tuple[Path, list[tuple[str, int]]]:
-    """A small dataset of ``fmt`` and the files (relative) whose bytes the sweep flips."""
+def _small_dataset(tmp_path: Path, fmt: str) -> Path:
     path = tmp_path / {"lance": "d.lance", "hdf5": "d.h5", "folder": "d"}[fmt]
     write(path, [make_episode(seed, 6, resolution=8) for seed in range(4)], fmt=fmt)
-    if fmt == "lance":
-        files = [str(p.relative_to(path)) for p in (path / "data").glob("*.lance")]
-    elif fmt == "hdf5":
-        files = ["."]
-    else:
-        files = ["episode_000002/arrays.npz", "episode_000001/pixels/000003.png"]
-    return path, files
+    return path
 
 
-def _sweep(path: Path, relative: str, work: Path, offsets: list[int]) -> dict[int, str]:
-    """``tests/flip_sweep.py`` in a child: ``{offset: outcome}``."""
+def sweep_targets(path: Path, per_file: int, per_metadata: int) -> list[str]:
+    """``FILE:OFFSET`` flips over EVERY file of the dataset at ``path``: ``per_file`` offsets
+    spread over each file, and ``per_metadata`` more over the swm metadata's JSON wherever a
+    file holds it (a Lance manifest, the HDF5 file's attribute, the folder's swm_folder.json)."""
+    targets = []
+    for relative, data in dataset_files(path).items():
+        offsets = {len(data) * i // per_file for i in range(per_file)} if data else set()
+        span = metadata_span(data)
+        offsets |= set(span[:: max(1, len(span) // per_metadata)])
+        targets += [f"{relative}:{offset}" for offset in sorted(offsets)]
+    return targets
+
+
+def _sweep(path: Path, work: Path, targets: list[str]) -> dict[str, str]:
+    """``tests/flip_sweep.py`` in a child: ``{FILE:OFFSET: outcome}``."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
-    work.mkdir(exist_ok=True)
     done = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "flip_sweep.py"), str(path), relative, str(work),
-         *map(str, offsets)],
-        capture_output=True, text=True, env=env, timeout=300,
+        [sys.executable, str(REPO / "tests" / "flip_sweep.py"), str(path), str(work), *targets],
+        capture_output=True, text=True, errors="replace", env=env, timeout=300,
     )  # fmt: skip
     # A hang fails by the timeout; an abort or a traceback by the return code.
     assert done.returncode == 0, done.stderr[-2000:]
-    results = {int(o): r for o, r in (line.split(" ", 1) for line in done.stdout.splitlines())}
-    assert sorted(results) == offsets
+    results = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert sorted(results) == sorted(targets)
     return results
 
 
+# Offsets per file and over the metadata: every file of the dataset is flipped somewhere.
+_SWEEP = {"lance": (8, 16), "hdf5": (24, 16), "folder": (2, 8)}
+
+
 @pytest.mark.parametrize("fmt", ["lance", "hdf5", "folder"])
-def test_one_byte_flips_end_in_a_clean_error_or_intact_data(tmp_path, fmt):
-    path, files = _flip_targets(tmp_path, fmt)
-    for relative in files:
-        size = (path / relative).stat().st_size if relative != "." else path.stat().st_size
-        offsets = sorted({int(size * i / 40) + 5 for i in range(40)} - {size + 5})
-        offsets = [o for o in offsets if o < size]
-        results = _sweep(path, relative, tmp_path / "work", offsets)
-        assert not [o for o, r in results.items() if r.startswith("SILENT")], results
-        # Most flips land in data and are caught, not ignored.
-        assert sum(r.startswith("error") for r in results.values()) > len(offsets) // 3
+def test_one_byte_flips_in_every_file_end_in_a_clean_error_or_intact_data(tmp_path, fmt):
+    path = _small_dataset(tmp_path, fmt)
+    targets = sweep_targets(path, *_SWEEP[fmt])
+    results = _sweep(path, tmp_path / "work", targets)
+    # 0 silent changes (data, schema or metadata differing after a command that passed),
+    # 0 tracebacks and 0 hangs (the child's exit code and timeout).
+    assert not [t for t, r in results.items() if r.startswith("SILENT")], results
+    # Most flips land in data or metadata and are caught, not ignored.
+    assert sum(r.startswith("error") for r in results.values()) > len(targets) // 3
+    # Flips in the metadata's JSON are caught as damaged metadata, not as a bug.
+    assert any("metadata" in r for r in results.values()), results
 
 
 def test_flips_in_a_lance_footer_are_one_error_naming_the_file(tmp_path):
-    path, (relative,) = _flip_targets(tmp_path, "lance")
-    size = (path / relative).stat().st_size
-    offsets = list(range(size - 40, size))  # the footer: see lance._check_footer
-    results = _sweep(path, relative, tmp_path / "work", offsets)
+    path = _small_dataset(tmp_path, "lance")
+    (data,) = (path / "data").glob("*.lance")
+    relative, size = str(data.relative_to(path)), data.stat().st_size
+    targets = [f"{relative}:{offset}" for offset in range(size - 40, size)]  # lance._check_footer
+    results = _sweep(path, tmp_path / "work", targets)
     assert all(r.startswith(("error", "intact")) for r in results.values()), results
     # The top byte of the number of global buffers: pylance itself aborts on a 68 GB allocation.
-    assert "footer is cut or points outside it" in results[size - 13]
-    assert relative in results[size - 13]
+    assert "footer is cut or points outside it" in results[f"{relative}:{size - 13}"]
+    assert relative in results[f"{relative}:{size - 13}"]
 
 
 class _AbortsInWorkers(ClipDataset):
@@ -130,3 +145,179 @@ def test_a_loader_worker_process_that_a_decoder_crash_kills_is_one_error(tmp_pat
         for _ in make_loader(clips, 4, num_workers=1, processes=True):
             pass
     assert "swm info --verify" in caught.value.hint
+
+
+def _rewrite_metadata(path: Path, fmt: str, change) -> None:
+    """Change the stored swm metadata behind swm's back, as an editor (or a flipped byte that
+    keeps it valid JSON) would: ``change(metadata dict)`` edits it in place."""
+
+    def edited(text: str) -> str:
+        meta = json.loads(text)
+        change(meta)
+        return json.dumps(meta)
+
+    if fmt == "lance":
+        import lance
+
+        dataset = lance.dataset(str(path))
+        raw = dataset.schema.metadata[b"swm"].decode()
+        dataset.update_schema_metadata({"swm": edited(raw)}, replace=True)
+    elif fmt == "hdf5":
+        with h5py.File(path, "r+") as file:
+            file.attrs["swm"] = edited(file.attrs["swm"])
+    else:
+        meta = path / "swm_folder.json"
+        meta.write_text(edited(meta.read_text()))
+
+
+REINTERPRETATIONS = {  # each keeps valid JSON and a plausible value: only the checksum knows
+    "dtype": (lambda m: m["keys"]["pixels"].__setitem__(0, "|i1"), "keys (the schema)"),
+    "shape": (lambda m: m["keys"]["pixels"].__setitem__(1, [16, 4, 3]), "keys (the schema)"),
+    "env": (lambda m: m.__setitem__("env_id", "swm/TwoRoom-v1"), "env_id"),
+    "action_dim": (lambda m: m.__setitem__("action_dim", 3), "action_dim"),
+    "resolution": (lambda m: m.__setitem__("resolution", [4, 16]), "resolution"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(REINTERPRETATIONS))
+@pytest.mark.parametrize("fmt", ["lance", "hdf5", "folder"])
+def test_a_reinterpreted_dataset_is_refused_on_every_open(tmp_path, fmt, change):
+    from typer.testing import CliRunner
+
+    from swmcli.cli import app
+
+    path = _small_dataset(tmp_path, fmt)
+    edit, named = REINTERPRETATIONS[change]
+    _rewrite_metadata(path, fmt, edit)
+    with pytest.raises(DatasetError, match=f"metadata is damaged: {re.escape(named)}"):
+        open_reader(path)
+    runner = CliRunner()
+    for command in (["info", str(path)], ["convert", str(path), str(tmp_path / "copy.h5")]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 1 and "metadata is damaged" in result.output, result.output
+    assert not (tmp_path / "copy.h5").exists()
+
+
+def test_metadata_that_is_not_json_names_the_damage(tmp_path):
+    path = _small_dataset(tmp_path, "folder")
+    meta = path / "swm_folder.json"
+    meta.write_text(meta.read_text()[:-3])
+    with pytest.raises(DatasetError, match="swm metadata is not valid JSON"):
+        open_reader(path)
+
+
+@pytest.mark.parametrize("fmt", ["lance", "hdf5", "folder"])
+def test_datasets_from_before_metadata_checksums_open_as_unverified(tmp_path, fmt):
+    path = _small_dataset(tmp_path, fmt)
+
+    def unsealed(meta: dict) -> None:
+        del meta["field_crc32"]
+        meta["format_version"] = 1
+
+    _rewrite_metadata(path, fmt, unsealed)
+    reader = open_reader(path)
+    assert not reader.metadata_sealed and reader.num_episodes == 4
+    reader.close()
+    fields = run_info(path, verify=True).fields
+    assert fields["metadata_checksums"] == "unverified metadata"
+    assert fields["verified_episodes"] == 4
+    # Appending keeps the old format: the dataset stays readable as it was.
+    write(path, [make_episode(9, 6, resolution=8)], fmt=fmt)
+    assert run_info(path, verify=True).fields["verified_episodes"] == 5
+    # A dataset that claims the new format but lost its checksums is damage.
+    _rewrite_metadata(path, fmt, lambda meta: meta.__setitem__("format_version", 2))
+    with pytest.raises(DatasetError, match="has no field_crc32"):
+        open_reader(path)
+
+
+def test_a_stored_column_that_disagrees_with_the_schema_is_refused(tmp_path):
+    path = _small_dataset(tmp_path, "hdf5")
+    with h5py.File(path, "r+") as file:
+        del file["reward"]
+        file.create_dataset("reward", data=np.zeros(24, dtype=np.float64))
+    with pytest.raises(DatasetError, match="column reward holds float64"):
+        open_reader(path)
+
+
+def _damage_episode(path: Path, fmt: str, episode: int) -> None:
+    """One pixel of ``episode`` changed behind swm's back, in a way the format itself accepts."""
+    if fmt == "hdf5":
+        _damage_reward(path, episode)
+        return
+    reader = open_reader(path)
+    episodes = [reader.read_episode(i) for i in range(reader.num_episodes)]
+    sums = [reader.read_checksums(i) for i in range(reader.num_episodes)]
+    reader.close()
+    # Rewrite the dataset with the old checksums: as if a bit rotted under them.
+    episodes[episode]["pixels"][2, 0, 0, 0] ^= 0xFF
+    shutil.rmtree(path)
+    write(path, episodes, fmt=fmt)
+    if fmt == "lance":
+        import lance
+        import pyarrow as pa
+
+        dataset = lance.dataset(str(path))
+        table = dataset.to_table()
+        column = pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(sums).reshape(-1)), 7)
+        table = table.set_column(table.schema.get_field_index("swm_crc32"), "swm_crc32", column)
+        lance.write_dataset(table, str(path), mode="overwrite", data_storage_version="2.1")
+    else:
+        directory = path / f"episode_{episode:06d}"
+        with np.load(directory / "arrays.npz") as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        arrays["swm_crc32"] = sums[episode]
+        np.savez(directory / "arrays.npz", **arrays)
+
+
+@pytest.mark.parametrize("fmt", ["lance", "hdf5", "folder"])
+def test_streamed_and_in_memory_reads_stop_at_a_damaged_episode_or_skip_it(tmp_path, fmt):
+    from swmcli.core.data import load_dataset, make_loader
+    from swmcli.core.source import load_clips
+
+    path = _small_dataset(tmp_path, fmt)
+    _damage_episode(path, fmt, 2)
+    clips = load_dataset(path, history_len=2, frameskip=1)
+    with pytest.raises(DatasetError, match="episode 2 is damaged"):
+        for _ in make_loader(clips, 4, num_workers=2, shuffle=False):
+            pass
+    with pytest.raises(DatasetError, match="episode 2 is damaged"):
+        load_clips(clips, 2**30, seed=0)
+    skipping = load_dataset(path, history_len=2, frameskip=1, skip_damaged=True)
+    batches = list(make_loader(skipping, 4, num_workers=2, shuffle=False))
+    assert list(skipping.damaged) == [2] and sum(len(b["reward"]) for b in batches) == 20
+    # No damaged row was consumed: every clip is one of the clips as collected.
+    originals = [make_episode(seed, 6, resolution=8) for seed in range(4)]
+    allowed = {
+        (e["pixels"][t : t + 2].tobytes(), e["reward"][t : t + 2].tobytes())
+        for e in originals
+        for t in range(5)
+    }
+    for batch in batches:
+        for pixels, reward in zip(batch["pixels"], batch["reward"], strict=True):
+            assert (pixels.numpy().tobytes(), reward.numpy().tobytes()) in allowed
+    in_memory = load_dataset(path, history_len=2, frameskip=1, skip_damaged=True)
+    assert load_clips(in_memory, 2**30, seed=0).num_episodes == 3
+    assert list(in_memory.damaged) == [2]
+
+
+def test_swm_train_stops_at_a_damaged_episode_or_skips_it_when_asked(tmp_path):
+    """Streamed (the in-memory load: test_streamed_and_in_memory_reads_...)."""
+    from typer.testing import CliRunner
+
+    from swmcli.cli import app
+
+    data = tmp_path / "tiny.h5"
+    runner = CliRunner()
+    collected = runner.invoke(app, ["collect", "--preset", "tiny", "--out", str(data)])
+    assert collected.exit_code == 0, collected.output
+    _damage_reward(data, 3, key="action")  # a key training reads
+    # 16 steps of 16 clips: an epoch, so every training clip is read once
+    train = ["train", "--preset", "tiny", "--data", str(data), "--steps", "16", "--no-in-memory"]
+    stopped = runner.invoke(app, [*train, "--out", str(tmp_path / "a")])
+    assert stopped.exit_code == 1 and "episode 3 is damaged" in stopped.output, stopped.output
+    assert "--skip-damaged" in stopped.output  # the hint names the way on
+    skipped = runner.invoke(app, [*train, "--out", str(tmp_path / "b"), "--skip-damaged", "--json"])
+    assert skipped.exit_code == 0, skipped.output
+    result = json.loads(skipped.stdout)
+    assert result["skipped_damaged_episodes"] == 1
+    assert any("skipped 1 damaged episodes: episode 3" in w for w in result["warnings"])

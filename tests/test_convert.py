@@ -139,3 +139,47 @@ def _finished_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
+
+
+def test_damaged_episodes_stop_a_convert_or_are_left_out_and_counted(tmp_path):
+    import json
+
+    import h5py
+    from typer.testing import CliRunner
+
+    from swmcli.cli import app
+
+    source = tmp_path / "a.h5"
+    write_source(source)
+    with h5py.File(source, "r+") as file:  # one reward of episode 1, behind swm's back
+        file["reward"][int(file["episode_offsets"][1])] += 1
+    runner = CliRunner()
+    refused = runner.invoke(app, ["convert", str(source), str(tmp_path / "b.lance")])
+    assert refused.exit_code == 1 and "episode 1 is damaged" in refused.output
+    assert not (tmp_path / "b.lance").exists()
+    done = runner.invoke(
+        app, ["convert", str(source), str(tmp_path / "b.lance"), "--skip-damaged", "--json"]
+    )
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.stdout)
+    assert result["skipped_damaged_episodes"] == 1 and result["episodes"] == 2
+    assert any("left out 1 damaged episodes: episode 1" in w for w in result["warnings"])
+    assert info(tmp_path / "b.lance", verify=True).fields["verified_episodes"] == 2
+
+
+def test_no_keys_and_a_full_disk_are_clear_errors(tmp_path, monkeypatch):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from swmcli.cli import app
+
+    write_source(tmp_path / "a.lance")
+    result = CliRunner().invoke(app, ["convert", str(tmp_path / "a.lance"), "b.h5", "--keys", ""])
+    assert result.exit_code == 2 and "no key" in result.output
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=10 * 2**20))
+    result = CliRunner().invoke(app, ["convert", str(tmp_path / "a.lance"), str(tmp_path / "b.h5")])
+    assert result.exit_code == 1 and f"free on the disk of {tmp_path / 'b.h5'}" in result.output
+    assert "left as it was" in result.output and "every finished episode" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.lance"]

@@ -295,11 +295,43 @@ def test_every_bad_argument_of_load_dataset_is_a_value_error(tmp_path):
         (IndexError, lambda: load_dataset(path, episodes=[0, 4])),
         (IndexError, lambda: load_dataset(path)[100]),
         (IndexError, lambda: load_dataset(path).read_batch([0, 100])),
+        (ValueError, lambda: load_dataset(path, frameskip=1.5)),
+        (ValueError, lambda: load_dataset(path, history_len=True)),
     ]
     for kind, call in bad_calls:
         with pytest.raises(kind) as caught:
             call()
         assert isinstance(caught.value, ValueError), caught.value
+    with pytest.raises(TypeError, match="clip indices must be integers"):
+        load_dataset(path)[1.5]  # never clip 1
+
+
+PLAIN_AFTER_USE = """
+import sys, torch
+from swmcli import load_dataset
+for path in sys.argv[1:]:
+    clips = load_dataset(path, history_len=2, frameskip=2)
+    first = clips[0]  # the dataset is used in this process first
+    loader = torch.utils.data.DataLoader(clips, batch_size=4, num_workers=2)
+    batches = list(loader)
+    same = torch.equal(batches[0]["pixels"][0], torch.from_numpy(first["pixels"]))
+    print(sum(len(batch["pixels"]) for batch in batches) == clips.num_clips and same)
+"""
+
+
+def test_a_plain_dataloader_works_after_the_dataset_was_used_in_this_process(tmp_path):
+    """stable-worldmodel's pattern, ``ds[0]`` then ``DataLoader(ds, num_workers=2)``, with real
+    worker processes, in a fresh process as a user's script runs it, for every format."""
+    paths = [tmp_path / f"d{SUFFIX[fmt]}" for fmt in FORMATS]
+    for path, fmt in zip(paths, FORMATS, strict=True):
+        write_dataset(path, lengths=(6, 5), fmt=fmt)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", PLAIN_AFTER_USE, *map(str, paths)],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"] * len(FORMATS)
 
 
 CHILD_DIES = """

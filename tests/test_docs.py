@@ -19,6 +19,7 @@ ROOT = Path(__file__).parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 SHELL_SEPARATORS = {"&&", "||", ";", "|", ">", "2>", "&"}
+SHELL_PREFIXES = {"do", "then", "else", "time", "nice", "exec"}
 # click's usage error (bad option, missing or bad value), as the Typer in use ships click
 ClickUsageError = typer.BadParameter.__base__
 
@@ -53,6 +54,10 @@ def swm_invocations(line: str) -> list[list[str]]:
     segments.append(current)
     invocations = []
     for tokens in segments:
+        # A shell variable (a loop's ``$seed``) stands for a value: 1 parses as any number or name.
+        tokens = [re.sub(r"\$\{?\w+\}?", "1", token) for token in tokens]
+        while tokens and (tokens[0] in SHELL_PREFIXES or re.match(r"^\w+=", tokens[0])):
+            tokens = tokens[1:]  # `do swm ...`, `WANDB_MODE=offline swm ...`
         if tokens[:1] == ["swm"]:
             invocations.append(tokens[1:])
         elif "swmcli" in tokens and tokens[tokens.index("swmcli") - 1] == "-m":
@@ -109,6 +114,9 @@ def test_every_swm_line_in_the_docs_parses_against_the_cli():
 def test_the_parser_refuses_a_flag_that_does_not_exist():
     assert swm_invocations("cd x && swm train --preset tiny --stepz 3 | tee log  # note") == [
         ["train", "--preset", "tiny", "--stepz", "3"]
+    ]
+    assert swm_invocations("for s in 1 2; do swm collect --seed $s --out d$s.h5; done") == [
+        ["collect", "--seed", "1", "--out", "d1.h5"]
     ]
     with pytest.raises(ClickUsageError, match="No such option: --stepz"):
         parse(["train", "--preset", "tiny", "--stepz", "3"])

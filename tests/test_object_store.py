@@ -109,7 +109,7 @@ def test_collect_info_convert_train_eval_on_object_storage(s3, tmp_path):
     copy = f"{s3}/copy.lance"
     converted = _cli("convert", str(local), copy)
     assert converted["verified"] and converted["dst_size_bytes"] > 0
-    assert not location.exists(f"{s3}/.tmp-{os.getpid()}-copy.lance")
+    assert not location.exists(location.as_location(f"{s3}/.tmp-{os.getpid()}-copy.lance"))
     first, second = open_reader(raw), open_reader(copy)
     for index in (0, 7):
         a, b = first.read_episode(index), second.read_episode(index)
@@ -148,6 +148,27 @@ def test_object_storage_errors_are_one_line_with_a_hint(s3):
     assert hdf5.exit_code == 2 and "cannot write a hdf5 dataset to object storage" in hdf5.output
     scheme = runner.invoke(app, ["info", "gs://bucket/x.lance"])
     assert scheme.exit_code == 2 and "s3://" in scheme.output
+
+
+def test_a_missing_bucket_and_an_unreachable_store_are_one_line_naming_the_endpoint(s3_env):
+    from botocore.exceptions import EndpointConnectionError
+
+    from swmcli.errors import describe_unexpected
+
+    runner = CliRunner()
+    for command in (
+        ["info", "s3://no-such-bucket/x.lance"],
+        ["collect", "--preset", "tiny", "--out", "s3://no-such-bucket/x.lance"],
+    ):
+        result = runner.invoke(app, command)
+        assert result.exit_code in (1, 2) and "Traceback" not in result.output, result.output
+        assert "<?xml" not in result.output and "<Error>" not in result.output, result.output
+        assert "no-such-bucket" in result.output or s3_env["AWS_ENDPOINT_URL"] in result.output
+    # What boto raises when nothing listens at the endpoint (its retries take ~20 s, too long
+    # to wait for here): one line naming the endpoint, not "a bug in swm".
+    message, hint = describe_unexpected(EndpointConnectionError(endpoint_url="http://x:9/b"))
+    assert message == f"cannot reach the object store at {s3_env['AWS_ENDPOINT_URL']}"
+    assert "AWS_ENDPOINT_URL" in hint
 
 
 def test_missing_s3fs_names_the_pip_install_line(monkeypatch):
@@ -191,6 +212,6 @@ def test_killed_collect_keeps_every_finished_episode_on_object_storage(s3):
 
 
 def _episodes(uri: str) -> int:
-    if not location.exists(f"{uri}/_versions"):
+    if not location.exists(location.as_location(f"{uri}/_versions")):
         return 0
     return open_reader(uri).num_episodes

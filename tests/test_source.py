@@ -38,10 +38,10 @@ def test_in_memory_gives_the_streamed_losses_and_resumes_bit_for_bit(tiny_data, 
     in_memory = _cfg(tiny_data, tmp_path / "memory", **steps)
     original = train._train_step
 
-    def stop_after_eight(model, optimizer, batches, runner, step, cfg, world):
+    def stop_after_eight(run, batches, step):
         if step == 8:
             raise KeyboardInterrupt
-        return original(model, optimizer, batches, runner, step, cfg, world)
+        return original(run, batches, step)
 
     train._train_step = stop_after_eight
     try:

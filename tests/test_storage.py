@@ -75,7 +75,7 @@ def test_round_trip_is_bit_exact(tmp_path, fmt):
     assert reader.keys["pixels"] == (np.dtype(np.uint8), (32, 32, 3))
     assert reader.metadata["env_id"] == "swm/TwoRoom-v0"
     assert reader.metadata["resolution"] == [32, 32]
-    assert reader.metadata["format_version"] == 1
+    assert reader.metadata["format_version"] == 2 and reader.metadata_sealed
     assert {"pixel_encoding", "swm_version", "action_dim"} <= set(reader.metadata)
     for index, episode in enumerate(episodes):
         assert_same_episode(reader.read_episode(index), episode)
@@ -109,7 +109,7 @@ def test_append_continues_numbering_and_checks_schema(tmp_path, fmt):
     path = dataset_path(tmp_path, fmt)
     write(path, [make_episode(0, 4)], fmt)
     with open_writer(path, mode="append") as writer:
-        assert writer.num_episodes == 1 and writer.num_steps == 4
+        assert writer.num_episodes == 1
         assert writer.write_episode(make_episode(1, 6)) == 1
         with pytest.raises(ValueError, match="schema") as caught:
             writer.write_episode(make_episode(2, 6, resolution=16))
@@ -339,17 +339,24 @@ WRITER = textwrap.dedent(
     from test_storage import make_episode
     from swmcli.core.storage import open_writer
 
+    import os
+
     writer = open_writer({path!r}, format={fmt!r}, mode="append")
     for index in range(writer.num_episodes, 10_000):
         writer.write_episode(make_episode(index, 7 + index % 5))
         print(index, flush=True)
+        if os.path.exists({stop!r}):
+            break
+    writer.close()
     """
 )
 
 
-def start_writer(path: Path, fmt: str) -> subprocess.Popen:
-    """A writer process appending episodes forever, printing each committed index."""
-    script = WRITER.format(tests=str(REPO / "tests"), path=str(path), fmt=fmt)
+def start_writer(path: Path, fmt: str, stop: Path | None = None) -> subprocess.Popen:
+    """A writer process appending episodes, printing each committed index, until the file
+    ``stop`` appears (forever when None); then it closes the dataset and exits 0."""
+    stop = str(stop or path.with_name("never"))
+    script = WRITER.format(tests=str(REPO / "tests"), path=str(path), fmt=fmt, stop=stop)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.Popen(
         [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env

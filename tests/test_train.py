@@ -115,10 +115,10 @@ def _run_until(cfg, stop: int, resume: bool) -> None:
 
     original = train._train_step
 
-    def step_then_maybe_stop(model, optimizer, batches, runner, step, config, world):
+    def step_then_maybe_stop(run, batches, step):
         if step >= stop:
             raise KeyboardInterrupt
-        return original(model, optimizer, batches, runner, step, config, world)
+        return original(run, batches, step)
 
     train._train_step = step_then_maybe_stop
     try:

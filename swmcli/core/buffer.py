@@ -87,8 +87,9 @@ class ReplayBuffer:
 
     ``len(buf)`` counts *steps* in sealed episodes, as the spec says, not clips: to use the buffer
     as a torch Dataset, sample over ``range(buf.num_clips)`` (the DataLoader factory does, and the
-    on-disk datasets expose ``num_clips`` too). The buffer is also a dataset writer
-    (``write_episode``, ``close``, ``with``), so collect can write to it like to a file.
+    on-disk datasets expose ``num_clips`` too). Like stable-worldmodel's buffer it also meets the
+    dataset ``Writer`` protocol (``num_episodes``, ``write_episode``, ``close``): what writes
+    episodes to a dataset can write them to a buffer.
 
     The last clip of an episode ends on the episode's last row, whose action is NaN: a model must
     ignore (or zero) the action block of a clip's last observation. DataLoader workers should be
@@ -127,6 +128,14 @@ class ReplayBuffer:
         self._rings: dict[str, np.ndarray] = {}
         self._spares = Spares(_SPARES_PER_KEY)  # gather outputs to reuse once let go
         self._reset_rows()
+
+    def __getstate__(self) -> dict:
+        # Its spare gather outputs hold a lock and only buffers of past samples: not state.
+        return {**self.__dict__, "_spares": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._spares = Spares(_SPARES_PER_KEY)
 
     def _reset_rows(self) -> None:
         """Forget every row (the arrays, if any, stay)."""
@@ -171,6 +180,17 @@ class ReplayBuffer:
         return int(max_steps) * step_bytes(step)
 
     # -------------------------------------------------------------- allocation
+
+    def allocate(self, example_row: Mapping[str, np.ndarray]) -> None:
+        """Fix the schema (keys, shapes, dtypes) of rows like ``example_row`` and allocate the
+        rings now, after the preflight, instead of on the first write; nothing is written. A
+        float ``action`` may be left out of later rows (stored as NaN)."""
+        if self._schema is not None:
+            raise UsageError(
+                "the buffer is allocated already",
+                hint="call release() first to allocate it for another schema",
+            )
+        self._allocate(_schema_of(example_row))
 
     def _allocate(self, schema: Schema) -> None:
         """Preflight the full budget, then allocate one ring per key (lazy pages, full size)."""
@@ -284,12 +304,15 @@ class ReplayBuffer:
         self._index = None
 
     def add_episode(self, episode: Mapping[str, np.ndarray]) -> None:
-        """Write a whole episode (arrays of shape ``(L, ...)``) into the ring and seal it.
+        """Write a whole episode (arrays of shape ``(L, ...)``) into the ring and seal it; an
+        empty episode (no keys, or arrays of length 0) writes nothing.
 
         The same as L calls to ``add`` and one to ``end_episode``, but written in at most two
         slices per key (two when the episode wraps around the end of the ring).
         """
         lengths = {np.shape(value)[0] if np.ndim(value) else 0 for value in episode.values()}
+        if lengths <= {0}:  # ``{}`` or zero-length arrays: nothing to write (no episode)
+            return
         if len(lengths) != 1 or 0 in lengths:
             raise UsageError(
                 f"an episode needs arrays of one common, non-zero length; got lengths {lengths}"
@@ -317,7 +340,7 @@ class ReplayBuffer:
     write_episode = add_episode
 
     def close(self) -> None:
-        """Nothing to flush: part of the dataset Writer protocol."""
+        """Nothing to flush (the dataset ``Writer`` protocol's end of writing)."""
 
     def __enter__(self) -> "ReplayBuffer":
         return self

@@ -50,7 +50,9 @@ from swmcli.core.storage import (
     offsets_from_lengths,
     open_reader,
     read_ahead,
+    rows_by_episode,
 )
+from swmcli.core.storage.checksums import RowChecks
 from swmcli.errors import OutOfRangeError, SwmError, UsageError
 from swmcli.memory.measure import available_host_bytes, keep_freed_memory
 
@@ -66,8 +68,12 @@ class ClipDataset(Dataset):
         history_len: int,
         frameskip: int,
         episodes: Sequence[int] | None,
+        skip_damaged: bool = False,
     ):
         self.path = path
+        self.skip_damaged = skip_damaged
+        # Episodes found damaged while reading, with why (skipped when ``skip_damaged``).
+        self.damaged: dict[int, str] = {}
         self.format = description["format"]
         self.metadata = description["metadata"]
         self.keys = {k: description["keys"][k] for k in keys}
@@ -88,6 +94,7 @@ class ClipDataset(Dataset):
             )
         self._reader = None
         self._reader_pid = None
+        self._checks = None
         self._opening = threading.Lock()
         self.spares = Spares()
 
@@ -101,8 +108,8 @@ class ClipDataset(Dataset):
 
     def __getstate__(self) -> dict:
         # Workers get the index, never an open file: each opens its own after the fork/spawn.
-        unpicklable = {"_reader": None, "_reader_pid": None, "_opening": None, "spares": None}
-        return {**self.__dict__, **unpicklable}
+        unpicklable = {"_reader": None, "_reader_pid": None, "_checks": None, "spares": None}
+        return {**self.__dict__, **unpicklable, "_opening": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -112,28 +119,49 @@ class ClipDataset(Dataset):
     def _open(self):
         with self._opening:  # reader threads start together: one opens, the others wait for it
             if self._reader is None or self._reader_pid != os.getpid():
+                if self.format == "lance" and torch.utils.data.get_worker_info() is None:
+                    _stop_forking()
                 keep_freed_memory()  # readers free and refault a batch's worth of pages otherwise
                 reader = open_reader(self.path)
                 if self.format == "folder":  # it maps rows to files through the index: no rescan
                     reader.set_episode_lengths(self.episode_lengths)
                 else:  # a dataset well inside the free RAM: its first epoch reads from the cache
                     read_ahead(self.path, available_host_bytes() // 8)
+                has_sums = reader.read_row_checksums(np.zeros(1, np.int64)) is not None
+                self._checks = RowChecks(list(reader.keys), reader.num_steps) if has_sums else None
                 self._reader, self._reader_pid = reader, os.getpid()
             return self._reader
 
     def read_batch(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
-        """A whole batch of clips, one read per key: ``{key: (len(indices), history_len, ...)}``."""
-        indices = np.asarray(indices, dtype=np.int64)
+        """A whole batch of clips, one read per key: ``{key: (len(indices), history_len, ...)}``.
+
+        Each row is checked against its stored checksum the first time this process reads it:
+        a damaged episode stops the read with a DatasetError naming it, or, with
+        ``skip_damaged``, is recorded in ``damaged`` and its clips replaced by the next clips
+        of undamaged episodes."""
+        indices = _clip_indices(indices)
         total = self.num_clips
         if indices.size and not (indices.min() >= -total and indices.max() < total):
             raise OutOfRangeError(f"clip index out of range: the dataset holds {total} clips")
         reader = self._open()
+        while True:
+            indices = self._undamaged(indices % total if total else indices)
+            clips, read = self._read_clips(reader, indices)
+            found = self._check_rows(reader, read)
+            if not found:
+                return clips
+            self._record_damage(found)
+
+    def _read_clips(self, reader, indices: np.ndarray):
+        """The clips ``indices`` and what was read for them: ``{key: (rows, values)}``."""
         starts = self._starts[indices]
+        read = {}
         clips = {}
         small = [key for key, (_, shape) in self.keys.items() if not is_image(shape)]
         if small:  # one read for all of them, at the dense rows (observations: every frameskip-th)
             dense = action_rows(starts, self.history_len, self.frameskip)
             values = reader.read_columns(small, dense.reshape(-1))
+            read.update({key: (dense.reshape(-1), values[key]) for key in small})
             for key in small:
                 shape = self.keys[key][1]
                 if key == ACTION:
@@ -147,8 +175,55 @@ class ClipDataset(Dataset):
             if key not in clips:
                 out = self._output(key, (len(observed), *shape), dtype)
                 values = reader.read_rows(key, observed, out=out)
+                read[key] = (observed, values)
                 clips[key] = values.reshape(len(starts), self.history_len, *shape)
-        return {key: clips[key] for key in self.keys}
+        return {key: clips[key] for key in self.keys}, read
+
+    def _check_rows(self, reader, read: dict) -> dict[int, str]:
+        """Check the rows just read that this process never checked: ``{episode: why}`` for
+        the episodes holding rows that fail their checksum."""
+        checks = self._checks
+        if checks is None:  # written before row checksums
+            return {}
+        # Reader threads share ``checks``: at worst two of them both check a row once.
+        pending = {k: rv for k, rv in read.items() if checks.pending([k], rv[0])}
+        if not pending:
+            return {}
+        rows = np.unique(np.concatenate([rows for rows, _ in pending.values()]))
+        stored = reader.read_row_checksums(rows)
+        found: dict[int, str] = {}
+        for key, (key_rows, values) in pending.items():
+            key_sums = stored[np.searchsorted(rows, key_rows)]
+            bad = checks.damaged_rows(key, key_rows, values, key_sums)
+            for episode in np.unique(rows_by_episode(self.episode_offsets, bad)).tolist():
+                found.setdefault(episode, "checksum mismatch in")
+                found[episode] += f" {key}"
+        return found
+
+    def _record_damage(self, found: dict[int, str]) -> None:
+        """Stop on the first damaged episode, or (``skip_damaged``) note them all."""
+        if not self.skip_damaged:
+            episode, why = next(iter(found.items()))
+            raise errors.DatasetError(
+                f"{self.path}: episode {episode} is damaged ({why})",
+                hint="restore the dataset, or collect again; `swm info --verify` lists all "
+                "damage; --skip-damaged goes on without it",
+            )
+        self.damaged.update(found)
+
+    def _undamaged(self, indices: np.ndarray) -> np.ndarray:
+        """``indices`` with each clip of a damaged episode replaced by the next clip (in index
+        order, wrapping around) of an undamaged one."""
+        if not self.damaged:
+            return indices
+        episodes = rows_by_episode(self.episode_offsets, self._starts)
+        good = np.flatnonzero(~np.isin(episodes, list(self.damaged)))
+        if not good.size:
+            raise errors.DatasetError(
+                f"{self.path}: every episode read is damaged", hint="restore the dataset"
+            )
+        position = np.searchsorted(good, indices) % len(good)
+        return good[position]
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Clips ``indices`` as one dict each (what the default collate expects), read in one
@@ -171,6 +246,24 @@ class ClipDataset(Dataset):
         if torch.utils.data.get_worker_info() is None:
             return self.spares.array(key, shape, dtype)
         return _shared_array(shape, dtype)
+
+
+def _stop_forking() -> None:
+    """Make forkserver the default start method before this process opens Lance (which is not
+    fork-safe), as stable-worldmodel does: a plain ``DataLoader(dataset, num_workers=N)``
+    built after ``dataset[0]`` then starts workers that open their own dataset, where forked
+    ones would be refused. A start method the user chose (other than fork) is kept."""
+    forking = multiprocessing.get_start_method(allow_none=True) in (None, "fork")
+    if forking and "forkserver" in multiprocessing.get_all_start_methods():
+        multiprocessing.set_start_method("forkserver", force=True)
+
+
+def _clip_indices(indices) -> np.ndarray:
+    """Clip indices as int64; a float (``dataset[1.5]``) is a TypeError, never clip 1."""
+    array = np.asarray(indices)
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"clip indices must be integers, got {array.dtype}")
+    return array.astype(np.int64).reshape(-1)
 
 
 def _shared_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -314,20 +407,26 @@ def load_dataset(
     frameskip: int = 1,
     cache_dir: str | Path | None = None,
     episodes: Sequence[int] | None = None,
+    skip_damaged: bool = False,
 ) -> ClipDataset:
     """A map-style Dataset of clips from the dataset at ``path`` (any format), in the
     ReplayBuffer's clip layout. ``episodes`` restricts it to some episode indices; ``cache_dir``
-    keeps the episode index so that reopening does not rescan.
+    keeps the episode index so that reopening does not rescan. Every row read is checked
+    against its checksum: a damaged episode is a DatasetError naming it, or with
+    ``skip_damaged`` is skipped and listed in ``dataset.damaged``. ``history_len`` and
+    ``frameskip`` must be integers of at least 1 (a ValueError otherwise).
     """
-    if history_len < 1 or frameskip < 1:
-        raise UsageError(
-            f"history_len and frameskip must be at least 1, got {history_len} and {frameskip}"
-        )
+    for name, value in (("history_len", history_len), ("frameskip", frameskip)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+            raise UsageError(
+                f"{name} must be an integer of at least 1, got {value!r}",
+                hint="a clip takes every frameskip-th of history_len observations",
+            )
     path = location.as_location(path)
     cache = Path(cache_dir) if cache_dir is not None else None
     description = _describe_fork_safe(path, cache)
     keys = check_keys(description["keys"], keys_to_load, path)
-    return ClipDataset(path, description, keys, history_len, frameskip, episodes)
+    return ClipDataset(path, description, keys, history_len, frameskip, episodes, skip_damaged)
 
 
 class ClipSampler(Sampler[int]):

@@ -16,7 +16,8 @@ import numpy as np
 
 from swmcli.core.buffer import ReplayBuffer, preflight, schema_bytes
 from swmcli.core.storage import Schema, open_reader
-from swmcli.errors import BudgetExceeded, UsageError
+from swmcli.core.storage.checksums import check_episode
+from swmcli.errors import BudgetExceeded, DatasetError, UsageError
 from swmcli.memory.measure import available_host_bytes
 from swmcli.units import format_bytes
 
@@ -90,14 +91,28 @@ def choose_source(
 
 
 def fill_buffer(
-    buffer: ReplayBuffer, path: Path, episodes: Sequence[int], keys: Sequence[str] | None
+    buffer: ReplayBuffer,
+    path: Path,
+    episodes: Sequence[int],
+    keys: Sequence[str] | None,
+    damaged: dict[int, str] | None = None,
 ) -> ReplayBuffer:
     """Add ``episodes`` of the dataset at ``path`` (``keys`` of them; all when None) to
-    ``buffer``, in order; the first one runs the buffer's preflight before anything is held."""
+    ``buffer``, in order; the first one runs the buffer's preflight before anything is held.
+    Each episode is checked against its checksums first: a damaged one is a DatasetError, or,
+    when a ``damaged`` dict is given, is left out and recorded there with why."""
     reader = open_reader(path)
     try:
         for index in episodes:
-            buffer.add_episode(reader.read_episode(int(index), keys=keys))
+            episode = reader.read_episode(int(index), keys=keys)
+            try:
+                check_episode(reader, int(index), episode)
+            except DatasetError as error:
+                if damaged is None:
+                    raise
+                damaged[int(index)] = error.message.rsplit("(", 1)[-1].rstrip(")")
+                continue
+            buffer.add_episode(episode)
     finally:
         reader.close()
     return buffer
@@ -110,4 +125,5 @@ def load_clips(dataset, budget: int, seed: int) -> ReplayBuffer:
     buffer = ReplayBuffer(
         steps, dataset.history_len, dataset.frameskip, seed=seed, max_bytes=budget
     )
-    return fill_buffer(buffer, dataset.path, dataset.episodes, list(dataset.keys))
+    damaged = dataset.damaged if dataset.skip_damaged else None
+    return fill_buffer(buffer, dataset.path, dataset.episodes, list(dataset.keys), damaged)

@@ -25,14 +25,14 @@ import numpy as np
 
 from swmcli.config import format_name
 from swmcli.core.storage import location as loc
-from swmcli.core.storage.checksums import CHECKSUM_COLUMN
+from swmcli.core.storage.checksums import CHECKSUM_COLUMN, seal_metadata, unseal_metadata
 from swmcli.core.storage.location import Location, as_location
 from swmcli.core.storage.location import nbytes_under as nbytes_under
-from swmcli.errors import DatasetError, MissingKeyError, MissingPathError, UsageError
+from swmcli.errors import DatasetError, MissingKeyError, MissingPathError, UsageError, first_line
 
 FORMATS = ("lance", "hdf5", "folder")
 MODES = ("append", "overwrite", "error")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the metadata carries a checksum per field (see checksums.py)
 # Bookkeeping columns every format stores; not episode keys.
 INDEX_COLUMNS = ("episode_idx", "step_idx")
 _SUFFIXES = {".lance": "lance", ".h5": "hdf5", ".hdf5": "hdf5"}
@@ -57,16 +57,22 @@ class Reader(Protocol):
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]: ...
     def read_rows(self, key: str, rows: np.ndarray, out=None) -> np.ndarray: ...
     def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]: ...
+
+    # Integrity (see checksums.py): whether the metadata was checked against its checksums on
+    # open, and the stored per-row CRC-32s (None where the dataset has none).
+    metadata_sealed: bool
+
+    def read_checksums(self, index: int) -> np.ndarray | None: ...
+    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray | None: ...
     def close(self) -> None: ...
 
 
 class Writer(Protocol):
-    """What every format's writer (and the ReplayBuffer) offers."""
+    """What writers of episodes (every format's, and the ReplayBuffer) offer their users."""
 
-    num_episodes: int
-    num_steps: int
+    num_episodes: int  # written so far, those already there when appending included
 
-    def write_episode(self, episode: Mapping[str, np.ndarray]) -> int: ...
+    def write_episode(self, episode: Mapping[str, np.ndarray]) -> object: ...
     def close(self) -> None: ...
 
 
@@ -92,7 +98,7 @@ def detect(path: str | Path) -> str:
     elif (path / FOLDER_METADATA).is_file():
         return "folder"
     raise UsageError(
-        f"{path} is neither a swm dataset (lance, hdf5 or folder) nor one swm imports "
+        f"{path} is not a swm dataset (lance, hdf5 or folder) nor one swm imports "
         f"({', '.join(foreign.FOREIGN_FORMATS)})",
         hint="point to a .lance directory, an .h5 file or a folder written by swm or those tools",
     )
@@ -179,24 +185,21 @@ def open_writer(
     except BaseException:
         lock.release()
         raise
-    return LockedWriter(writer, lock)
+    return GuardedWriter(writer, lock)
 
 
-class LockedWriter:
-    """A format's writer holding the dataset's writer lock until it is closed."""
+class GuardedWriter:
+    """A format's writer, guarded: it holds the dataset's writer lock until it is closed, and
+    refuses an episode the disk cannot hold before writing any of it."""
 
     def __init__(self, writer: Writer, lock):
         self._writer, self._lock = writer, lock
-        self._path = Path(writer.path)
+        self.path = self._path = Path(writer.path)
         self.format = writer.format
 
     @property
     def num_episodes(self) -> int:
         return self._writer.num_episodes
-
-    @property
-    def num_steps(self) -> int:
-        return self._writer.num_steps
 
     def write_episode(self, episode: Mapping[str, np.ndarray]) -> int:
         """Append one episode atomically (refused first if the disk cannot hold it); returns
@@ -211,7 +214,7 @@ class LockedWriter:
         finally:
             self._lock.release()
 
-    def __enter__(self) -> "LockedWriter":
+    def __enter__(self) -> "GuardedWriter":
         return self
 
     def __exit__(self, *exc) -> None:
@@ -251,8 +254,9 @@ def _open_unlocked(path: Location, format: str | None, mode: str, metadata) -> W
 FREE_SPACE_MARGIN_BYTES = 64 * 2**20
 
 
-def check_free_space(path: Path, episode_bytes: int) -> None:
-    """Refuse a write the disk holding ``path`` has no room for (one clear error, exit 1)."""
+def check_free_space(path: Path, episode_bytes: int, hint: str | None = None) -> None:
+    """Refuse a write the disk holding ``path`` has no room for (one clear error, exit 1;
+    ``hint`` says what became of what was written)."""
     from swmcli.units import format_bytes
 
     existing = path if path.exists() else path.parent
@@ -260,27 +264,46 @@ def check_free_space(path: Path, episode_bytes: int) -> None:
     needed = 2 * episode_bytes + FREE_SPACE_MARGIN_BYTES
     if free < needed:
         raise DatasetError(
-            f"only {format_bytes(free)} free on the disk of {path}; writing the next episode "
-            f"needs about {format_bytes(needed)}",
-            hint="free some disk space or write to another disk (--out); "
-            "every finished episode is kept",
+            f"only {format_bytes(free)} free on the disk of {path}; writing the next "
+            f"episode needs about {format_bytes(needed)}",
+            hint=hint
+            or "free some disk space or write to another disk (--out); every finished episode "
+            "is kept",
         )
 
 
 def _holds_no_episode(path: Path) -> bool:
-    """True for an empty file or directory tree, or a Lance directory with no commit (what a first
-    write that failed leaves behind): nothing there to keep. Called under the writer lock."""
+    """True only for nothing at all or for what swm itself leaves when a first write fails: an
+    empty directory or ``.h5``/``.hdf5`` file; a Lance directory with no commit (``data/*.lance``,
+    ``_transactions/*.txn``, the readers' lock); a folder dataset's uncommitted parts (its
+    staging directories and metadata, empty episode directories). A user's files (a
+    ``.gitkeep``, empty notes) are never taken for leftovers. Called under the writer lock."""
     if path.is_file():
-        return path.stat().st_size == 0
+        return path.stat().st_size == 0 and path.suffix.lower() in (".h5", ".hdf5")
     if not path.is_dir():
         return False
-    if not any(p.is_file() and p.stat().st_size for p in path.rglob("*")):
-        return True
-    return not (path / "_versions").exists() and {p.name for p in path.iterdir()} <= {
-        "data",
-        "_transactions",
-        "_swm_readers.lock",
-    }
+    entries = list(path.iterdir())
+    lance = {"data": ".lance", "_transactions": ".txn"}
+    return all(_lance_leftover(entry, lance) for entry in entries) or all(
+        _folder_leftover(entry) for entry in entries
+    )
+
+
+def _lance_leftover(entry: Path, suffixes: dict[str, str]) -> bool:
+    if entry.name == "_swm_readers.lock":
+        return entry.is_file()
+    suffix = suffixes.get(entry.name)
+    return (
+        suffix is not None
+        and entry.is_dir()
+        and all(f.is_file() and f.suffix == suffix for f in entry.iterdir())
+    )
+
+
+def _folder_leftover(entry: Path) -> bool:
+    if entry.name.startswith(".tmp_episode_") or entry.name == f".{FOLDER_METADATA}.tmp":
+        return True  # the folder writer's staging: never committed
+    return entry.is_dir() and entry.name.startswith("episode_") and not any(entry.iterdir())
 
 
 def remove_tree(path: Path) -> None:
@@ -361,7 +384,43 @@ def build_metadata(user: Mapping[str, Any], schema: Schema, pixel_encoding: str)
         swm_version=swmcli.__version__,
         keys=schema_to_json(schema),
     )
-    return meta
+    return seal_metadata(meta)
+
+
+def read_metadata(raw: str | bytes, where) -> tuple[dict, Schema, bool]:
+    """Dataset metadata stored as JSON text: ``(metadata, schema, sealed)``, its checksums
+    checked (``sealed`` is False for a dataset written before metadata checksums); a
+    DatasetError naming the damage otherwise."""
+    metadata, sealed = unseal_metadata(raw, where)
+    try:
+        schema = schema_from_json(metadata["keys"])
+        shapes = [shape for _, shape in schema.values()]
+        if not schema or any(len(shape) > 8 or min(shape, default=1) < 1 for shape in shapes):
+            raise ValueError("an empty schema or an impossible shape")
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise DatasetError(
+            f"{where}: its schema (metadata keys) is damaged: {first_line(error)}",
+            hint="restore the dataset, or collect again",
+        ) from None
+    return metadata, schema, sealed
+
+
+def check_stored_schema(where, stored: Mapping[str, tuple], schema: Schema) -> None:
+    """Refuse a dataset whose stored columns (``{key: (dtype, row shape)}`` as the file holds
+    them) disagree with the schema its metadata gives: the rows would be reinterpreted."""
+    for key, (dtype, shape) in schema.items():
+        if key not in stored:
+            raise DatasetError(f"{where}: column {key} is missing", _STORED_HINT)
+        got_dtype, got_shape = stored[key]
+        if (got_dtype is not None and np.dtype(got_dtype) != dtype) or tuple(got_shape) != shape:
+            raise DatasetError(
+                f"{where}: column {key} holds {got_dtype} {tuple(got_shape)}, its schema says "
+                f"{np.dtype(dtype).name} {shape}",
+                _STORED_HINT,
+            )
+
+
+_STORED_HINT = "the dataset is damaged (schema and data disagree): restore it or collect again"
 
 
 def check_metadata(existing: Mapping[str, Any], user: Mapping[str, Any], where: Path) -> None:

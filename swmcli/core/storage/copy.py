@@ -9,13 +9,15 @@ source is only ever read.
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from swmcli.core.storage import (
     WRITER_METADATA,
+    check_free_space,
     check_keys,
     describe_schema,
     detect,
@@ -26,6 +28,7 @@ from swmcli.core.storage import (
 from swmcli.core.storage import location as loc
 from swmcli.core.storage.checksums import check_episode
 from swmcli.core.storage.location import Location, as_location
+from swmcli.core.storage.lock import WriterLock
 from swmcli.errors import DatasetError, UsageError
 
 
@@ -78,20 +81,41 @@ class Copied:
     steps: int
     src_size_bytes: int
     dst_size_bytes: int
+    skipped: dict[int, str] = field(default_factory=dict)  # damaged episodes left out, with why
 
 
-def _copy_episodes(reader, writer, keys: list[str], on_episode) -> dict[str, str]:
-    """Stream every episode from reader to writer; the checksum of each column as it went."""
+def _copy_episodes(reader, writer, keys: list[str], on_episode, skipped, dst) -> dict[str, str]:
+    """Stream every episode from reader to writer; the checksum of each column as it went.
+    A damaged episode stops the copy, or, when ``skipped`` is a dict, is left out and
+    recorded there with why. With a local ``dst``, a disk too full for the next episode is an
+    error naming ``dst``."""
     digests = {key: hashlib.blake2b(digest_size=16) for key in keys}
     for index in range(reader.num_episodes):
-        episode = reader.read_episode(index, keys)
-        check_episode(reader, index, episode)  # the copy's checksums are then the source's
+        try:
+            episode = reader.read_episode(index, keys)
+            check_episode(reader, index, episode)  # the copy's checksums are then the source's
+        except DatasetError as error:
+            if skipped is None:
+                raise
+            skipped[index] = error.message
+            continue
         for key in keys:
             digests[key].update(np.ascontiguousarray(episode[key]).data)
+        if not loc.is_remote(dst):
+            nbytes = sum(v.nbytes for v in episode.values())
+            check_free_space(dst, nbytes, hint=_DISK_HINT)  # the disk the copy is written on
         writer.write_episode(episode)
         if on_episode is not None:
             on_episode(index + 1, reader.num_episodes)
+    if skipped is not None and len(skipped) == reader.num_episodes:
+        raise DatasetError(f"every episode of {reader.path} is damaged", hint="restore it")
     return {key: digest.hexdigest() for key, digest in digests.items()}
+
+
+_DISK_HINT = (
+    "free some disk space or convert to another disk; the destination was left as it was "
+    "(the partial copy is removed)"
+)
 
 
 def _column_checksums(reader, keys: list[str]) -> dict[str, str]:
@@ -104,19 +128,26 @@ def _column_checksums(reader, keys: list[str]) -> dict[str, str]:
 
 
 def _verify(
-    source, written_path: Location, keys: list[str], expected: dict[str, str], exact=None
+    source,
+    written_path: Location,
+    keys: list[str],
+    expected: dict[str, str],
+    exact=None,
+    skipped=(),
 ) -> None:
     """Counts, episode lengths, schema and every column's checksum (of the ``exact`` keys only,
-    when given: a lossy layout's frames differ) must match the source."""
+    when given: a lossy layout's frames differ) must match the source's, less the ``skipped``
+    episodes."""
+    lengths = np.delete(source.episode_lengths, list(skipped))
     written = open_reader(written_path)
     try:
         problems = []
-        if written.num_episodes != source.num_episodes or written.num_steps != source.num_steps:
+        if written.num_episodes != len(lengths) or written.num_steps != int(lengths.sum()):
             problems.append(
                 f"{written.num_episodes} episodes / {written.num_steps} steps written, "
-                f"{source.num_episodes} / {source.num_steps} read"
+                f"{len(lengths)} / {int(lengths.sum())} read"
             )
-        elif not np.array_equal(written.episode_lengths, source.episode_lengths):
+        elif not np.array_equal(written.episode_lengths, lengths):
             problems.append("episode lengths differ")
         wanted = {k: source.keys[k] for k in keys}
         if written.keys != wanted:
@@ -156,42 +187,85 @@ def copy_dataset(
     overwrite: bool = False,
     on_episode: Callable[[int, int], None] | None = None,
     mapping: dict[str, str] | None = None,
+    skip_damaged: bool = False,
 ) -> Copied:
     """Copy the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given. Streams, verifies, renames into place at the end;
     ``on_episode(done, total)`` is called after each episode is written; ``mapping`` renames
-    another tool's columns (see ``foreign``).
+    another tool's columns (see ``foreign``). ``dst`` is held under its writer lock throughout
+    (a dataset another process writes is refused, never replaced); ``skip_damaged`` leaves out
+    episodes that fail their checksum instead of stopping.
     """
     src, dst = as_location(src), as_location(dst)
+    if keys is not None and not keys:
+        raise UsageError("no key to keep was given", hint="pass keys, e.g. --keys pixels,action")
     reader = open_reader(src, mapping)
     try:
-        _check_destination(src, dst, overwrite)
-        keys = check_keys(reader.keys, keys, src)
-        if reader.num_episodes == 0:
-            raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
-        if not loc.is_remote(dst):
-            _remove_dead_leftovers(dst)  # a killed convert's temporaries (local disks only)
-        temporary = loc.with_name(dst, f".tmp-{os.getpid()}-{loc.name(dst)}")
-        fmt = resolve_format(temporary, to)
-        # Every field the collector wrote (env, policy, ...); the writer sets its own.
-        metadata = {k: v for k, v in reader.metadata.items() if k not in WRITER_METADATA}
-        loc.remove(temporary)
-        try:
-            with open_writer(temporary, format=fmt, mode="error", metadata=metadata) as writer:
-                checksums = _copy_episodes(reader, writer, keys, on_episode)
-            _verify(reader, temporary, keys, checksums)
-            _move_into_place(temporary, dst)
-        except BaseException:
-            loc.remove(temporary)
-            raise
-        return Copied(
-            src=src,
-            dst=dst,
-            format=fmt,
-            episodes=reader.num_episodes,
-            steps=reader.num_steps,
-            src_size_bytes=reader.nbytes_on_disk,
-            dst_size_bytes=loc.nbytes_under(dst),
-        )
+        with destination_lock(dst):
+            keys = check_source(reader, src, dst, keys, overwrite)
+            fmt = resolve_format(temporary_path(dst), to)
+            # Every field the collector wrote (env, policy, ...); the writer sets its own.
+            metadata = {k: v for k, v in reader.metadata.items() if k not in WRITER_METADATA}
+
+            def writer(temporary):
+                return open_writer(temporary, format=fmt, mode="error", metadata=metadata)
+
+            skipped = {} if skip_damaged else None
+            return write_into_place(
+                reader, src, dst, keys, writer, fmt, on_episode, skipped=skipped
+            )
     finally:
         reader.close()
+
+
+def destination_lock(dst: Location):
+    """A context holding ``dst``'s writer lock for a whole copy, from before the destination is
+    checked until the copy is in place (object storage has no lock file: one writer there is
+    the user's to arrange)."""
+    return nullcontext() if loc.is_remote(dst) else WriterLock(dst)
+
+
+def check_source(reader, src: Location, dst: Location, keys, overwrite: bool) -> list[str]:
+    """The keys to copy, once ``dst`` may be written and ``src`` holds episodes."""
+    _check_destination(src, dst, overwrite)
+    keys = check_keys(reader.keys, keys, src)
+    if reader.num_episodes == 0:
+        raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
+    return keys
+
+
+def temporary_path(dst: Location) -> Location:
+    """The hidden path next to ``dst`` a copy is written to before it is renamed into place."""
+    return loc.with_name(dst, f".tmp-{os.getpid()}-{loc.name(dst)}")
+
+
+def write_into_place(
+    reader, src, dst, keys, open_temporary, fmt: str, on_episode, exact=None, skipped=None
+) -> Copied:
+    """Stream ``reader``'s episodes into ``open_temporary(path)`` at ``temporary_path(dst)``,
+    verify what was written (the checksums of the ``exact`` keys only, when given), then rename
+    it onto ``dst``; nothing is left behind on failure. Damaged episodes stop it, or are left
+    out and recorded in ``skipped`` when it is a dict. The caller holds ``destination_lock``."""
+    if not loc.is_remote(dst):
+        _remove_dead_leftovers(dst)  # a killed convert's temporaries (local disks only)
+    temporary = temporary_path(dst)
+    loc.remove(temporary)
+    try:
+        with open_temporary(temporary) as writer:
+            checksums = _copy_episodes(reader, writer, keys, on_episode, skipped, dst)
+        _verify(reader, temporary, keys, checksums, exact=exact, skipped=skipped or {})
+        _move_into_place(temporary, dst)
+    except BaseException:
+        loc.remove(temporary)
+        raise
+    kept = np.delete(reader.episode_lengths, list(skipped or {}))
+    return Copied(
+        src=src,
+        dst=dst,
+        format=fmt,
+        episodes=len(kept),
+        steps=int(kept.sum()),
+        src_size_bytes=reader.nbytes_on_disk,
+        dst_size_bytes=loc.nbytes_under(dst),
+        skipped=skipped or {},
+    )

@@ -27,11 +27,12 @@ from swmcli.core.storage import (
     check_keys,
     check_metadata,
     check_schema,
+    check_stored_schema,
     episode_schema,
     is_image,
     offsets_from_lengths,
+    read_metadata,
     rows_by_episode,
-    schema_from_json,
 )
 from swmcli.core.storage.checksums import CHECKSUM_COLUMN, row_checksums
 from swmcli.core.storage.location import nbytes_under
@@ -71,13 +72,20 @@ class FolderReader:
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        file = self.path / FOLDER_METADATA
         try:
-            self.metadata = json.loads((self.path / FOLDER_METADATA).read_text())
-            self.keys = schema_from_json(self.metadata["keys"])
-        except (OSError, ValueError, KeyError) as error:
-            raise DatasetError(
-                f"cannot read {self.path / FOLDER_METADATA}: {error}", _DAMAGED_HINT
-            ) from error
+            raw = file.read_bytes()
+        except OSError as error:
+            raise DatasetError(f"cannot read {file}: {error}", _DAMAGED_HINT) from error
+        self.metadata, self.keys, self.metadata_sealed = read_metadata(raw, file)
+        # What each episode's arrays.npz must hold: the index, every key not stored as PNG
+        # frames, and the row checksums (all datasets with sealed metadata have them).
+        self._array_schema = {
+            "episode_idx": (np.dtype(np.int64), ()),
+            "step_idx": (np.dtype(np.int32), ()),
+            **{k: (d, s) for k, (d, s) in self.keys.items() if not _is_png_key(d, s)},
+        }
+        self._sums_schema = {CHECKSUM_COLUMN: (np.dtype(np.uint32), (len(self.keys),))}
         self._dirs = _episode_dirs(self.path)
         self.num_episodes = len(self._dirs)
         self._lengths: np.ndarray | None = None
@@ -145,11 +153,11 @@ class FolderReader:
             raise DatasetError(
                 f"cannot read {self._dirs[index] / ARRAYS}: {error}", _DAMAGED_HINT
             ) from error
-        wanted = {"step_idx", *(k for k, (d, s) in self.keys.items() if not _is_png_key(d, s))}
-        if missing := sorted(wanted - arrays.keys()):
-            raise DatasetError(
-                f"{self._dirs[index] / ARRAYS} lacks {', '.join(missing)}", _DAMAGED_HINT
-            )
+        stored = {key: (value.dtype, value.shape[1:]) for key, value in arrays.items()}
+        expected = self._array_schema
+        if self.metadata_sealed or CHECKSUM_COLUMN in stored:  # older folders may have none
+            expected = {**expected, **self._sums_schema}
+        check_stored_schema(self._dirs[index] / ARRAYS, stored, expected)
         self._arrays[index] = arrays
         if len(self._arrays) > _CACHED_EPISODES:
             self._arrays.popitem(last=False)
@@ -205,6 +213,16 @@ class FolderReader:
     def read_checksums(self, index: int) -> np.ndarray | None:
         """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
         return self._episode_arrays(index).get(CHECKSUM_COLUMN)
+
+    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray | None:
+        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``; None if written without."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        episodes = rows_by_episode(self.episode_offsets, rows)
+        steps = (rows - self.episode_offsets[episodes]).tolist()
+        sums = [self.read_checksums(e) for e in episodes.tolist()]
+        if any(s is None for s in sums):
+            return None
+        return np.array([s[step] for s, step in zip(sums, steps, strict=True)], dtype=np.uint32)
 
     def close(self) -> None:
         self._arrays.clear()

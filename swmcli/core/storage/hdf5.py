@@ -36,10 +36,11 @@ from swmcli.core.storage import (
     check_keys,
     check_metadata,
     check_schema,
+    check_stored_schema,
     episode_schema,
     is_image,
     offsets_from_lengths,
-    schema_from_json,
+    read_metadata,
 )
 from swmcli.core.storage import location as loc
 from swmcli.core.storage.checksums import CHECKSUM_COLUMN, row_checksums
@@ -178,8 +179,8 @@ class Hdf5Reader:
                     f"{self.path} is an HDF5 file but was not written by swm (no swm metadata)",
                     hint="write it with swmcli.open_writer or `swm collect`",
                 )
-            self.metadata = self._guard(lambda: json.loads(raw))
-            self.keys = self._guard(lambda: schema_from_json(self.metadata["keys"]))
+            self.metadata, self.keys, self.metadata_sealed = read_metadata(raw, self.path)
+            self._check_columns()
             self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
             self._check_index()
         except BaseException:
@@ -191,6 +192,17 @@ class Hdf5Reader:
         self.index_token = None  # the index lives in the file: nothing to cache
         self._chunks: dict[str, _FrameChunks | None] = {}
         self._chunks_lock = threading.Lock()
+
+    def _check_columns(self) -> None:
+        """Each key's dataset holds the dtype and row shape the schema says."""
+        names = [*self.keys, *INDEX_COLUMNS, CHECKSUM_COLUMN]
+        found = self._guard(lambda: {n: self._file[n] for n in names if n in self._file})
+        stored = {name: (data.dtype, data.shape[1:]) for name, data in found.items()}
+        check_stored_schema(self.path, stored, self.keys)
+        index = {"episode_idx": (np.dtype(np.int64), ()), "step_idx": (np.dtype(np.int32), ())}
+        if CHECKSUM_COLUMN in stored:  # files written before row checksums have none
+            index[CHECKSUM_COLUMN] = (np.dtype(np.uint32), (len(self.keys),))
+        check_stored_schema(self.path, stored, index)
 
     def _check_index(self) -> None:
         rows = int(self.episode_lengths.sum())
@@ -265,6 +277,15 @@ class Hdf5Reader:
         start = int(self.episode_offsets[index])
         stop = start + int(self.episode_lengths[index])
         return self._guard(lambda: self._file[CHECKSUM_COLUMN][start:stop])
+
+    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray | None:
+        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``; None if written without."""
+        if CHECKSUM_COLUMN not in self._file:
+            return None
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        out = np.empty((len(rows), len(self.keys)), dtype=np.uint32)
+        self._guard(lambda: _read_by_chunk(self._file[CHECKSUM_COLUMN], rows, out))
+        return out
 
     def close(self) -> None:
         for chunks in self._chunks.values():
@@ -408,12 +429,30 @@ def _committed_lengths(file, keys, where: Path) -> np.ndarray:
         rows = min(file[k].shape[0] for k in keys) if keys else 0
     except (OSError, KeyError, ValueError, RuntimeError) as error:
         raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
-    # A kill between resize and write leaves a zero entry: it was never committed.
-    committed = int(np.argmin(lengths > 0)) if np.any(lengths <= 0) else len(lengths)
-    lengths = lengths[:committed]
+    # A kill between resize and write leaves a zero last entry: it was never committed. So may
+    # a reader's view of a file being written, whose rows can lag its last entries (SWMR shows
+    # each dataset as of its own last flush): those episodes are not there yet, for this reader.
+    if len(lengths) and lengths[-1] == 0:
+        lengths = lengths[:-1]
+    if np.any(lengths <= 0):
+        raise DatasetError(f"{where}: episode_lengths is damaged (an empty entry)", _DAMAGED_HINT)
+    _check_offsets(file, lengths, where)
     while len(lengths) and lengths.sum() > rows:
         lengths = lengths[:-1]
     return lengths
+
+
+def _check_offsets(file, lengths: np.ndarray, where) -> None:
+    """Every written ``episode_offsets`` entry must continue the sum of the lengths before it:
+    a damaged length (or offset) is an error, never episodes silently dropped or merged."""
+    try:
+        offsets = file["episode_offsets"][: len(lengths)].astype(np.int64)
+    except (OSError, KeyError, ValueError, RuntimeError) as error:
+        raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
+    expected = offsets_from_lengths(lengths[: len(offsets)])
+    written = offsets != 0  # an entry not written yet reads 0 (only the first is 0 when written)
+    if np.any(written & (offsets != expected)):
+        raise DatasetError(f"{where}: episode_offsets and episode_lengths disagree", _DAMAGED_HINT)
 
 
 class Hdf5Writer:

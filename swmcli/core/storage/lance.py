@@ -42,7 +42,7 @@ from swmcli.core.storage import (
     episode_schema,
     is_image,
     offsets_from_lengths,
-    schema_from_json,
+    read_metadata,
     take_rows,
 )
 from swmcli.core.storage import location as loc
@@ -213,8 +213,12 @@ class LanceReader:
                 f"{self.path} is a Lance dataset but was not written by swm (no swm metadata)",
                 hint="write it with swmcli.open_writer or `swm collect`",
             )
-        self.metadata = json.loads(raw)
-        self.keys = schema_from_json(self.metadata["keys"])
+        try:
+            self.metadata, self.keys, self.metadata_sealed = read_metadata(raw, self.path)
+            _check_arrow_types(self.path, self._dataset.schema, self.keys)
+        except DatasetError:
+            self.close()
+            raise
         fields = self._dataset.schema
         images = [key for key, (_, shape) in self.keys.items() if is_image(shape)]
         self._codecs = {key: _codec_of(fields.field(key)) for key in images}
@@ -358,9 +362,13 @@ class LanceReader:
 
     def read_checksums(self, index: int) -> np.ndarray | None:
         """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
+        return self.read_row_checksums(self._episode_rows(index))
+
+    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray | None:
+        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``; None if written without."""
         if CHECKSUM_COLUMN not in self._dataset.schema.names:
             return None
-        column = self._take(self._episode_rows(index), [CHECKSUM_COLUMN]).column(0)
+        column = self._take(self._checked(rows), [CHECKSUM_COLUMN]).column(0)
         shape = (len(self.keys),)
         return self._guard(lambda: _from_arrow(column, np.dtype(np.uint32), shape))
 
@@ -374,6 +382,23 @@ def _open_dataset(path: Location):
     import lance
 
     return lance.dataset(_uri(path), storage_options=loc.lance_storage_options(path))
+
+
+def _check_arrow_types(where: Location, fields, schema) -> None:
+    """The columns Lance stores must have the types the swm schema implies (a damaged manifest
+    could give a vector another length, or a column another type)."""
+    expected = _arrow_schema(schema, {})
+    for field in expected:
+        if field.name == CHECKSUM_COLUMN and field.name not in fields.names:
+            continue  # written before row checksums
+        if field.name not in fields.names:
+            raise DatasetError(f"{where}: column {field.name} is missing", _DAMAGED_HINT)
+        stored = fields.field(field.name).type
+        if stored != field.type:
+            raise DatasetError(
+                f"{where}: column {field.name} is stored as {stored}, its schema says {field.type}",
+                _DAMAGED_HINT,
+            )
 
 
 def _data_files(path: Location) -> dict[str, int]:

@@ -1,11 +1,12 @@
 """Where a dataset lives: a local path, or an object-store URI (``s3://bucket/prefix/name.lance``).
 
-A location is a ``pathlib.Path`` for a local dataset and the normalised URI string for one on
-object storage. Local paths go through pathlib exactly as before; URIs go through fsspec (s3fs)
-for listing and small reads, and through Lance's own object store for Lance data. The endpoint and
-the credentials come only from the standard AWS environment variables (``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``) that boto and Lance both
-read: swm never asks for them and never writes them anywhere.
+A location is a ``pathlib.Path`` for a local dataset and a ``URI`` (a string that says it is one)
+for one on object storage: ``as_location`` makes one from what the user typed, and no plain string
+is ever taken to mean object storage. Local paths go through pathlib exactly as before; URIs go
+through fsspec (s3fs) for listing and small reads, and through Lance's own object store for Lance
+data. The endpoint and the credentials come only from the standard AWS environment variables
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``)
+that boto and Lance both read: swm never asks for them and never writes them anywhere.
 """
 
 import os
@@ -17,12 +18,20 @@ from swmcli.errors import UsageError
 OBJECT_STORE_SCHEMES = ("s3",)
 S3_EXTRA_HINT = "pip install 'swmcli[s3]'  (or: pip install s3fs)"
 
-Location = Path | str
+
+class URI(str):
+    """A dataset on object storage, ``s3://bucket/prefix/name.lance``, normalised."""
+
+    __slots__ = ()
+
+
+Location = Path | URI
 
 
 def as_location(path: str | Path) -> Location:
-    """``path`` as a location: a Path, or an ``s3://bucket/key`` string (other schemes refused)."""
-    if isinstance(path, Path):
+    """``path`` as a location: a Path, or a URI for ``s3://bucket/key`` (other schemes
+    refused)."""
+    if isinstance(path, Path | URI):
         return path
     text = str(path)
     scheme, separator, rest = text.partition("://")
@@ -39,12 +48,12 @@ def as_location(path: str | Path) -> Location:
             f"{text} names a bucket but no dataset in it",
             hint="use s3://bucket/prefix/name.lance",
         )
-    return f"{scheme.lower()}://{bucket}/{key.strip('/')}"
+    return URI(f"{scheme.lower()}://{bucket}/{key.strip('/')}")
 
 
 def is_remote(location: Location) -> bool:
     """True for a dataset on object storage."""
-    return isinstance(location, str)
+    return isinstance(location, URI)
 
 
 def filesystem():
@@ -72,7 +81,7 @@ def lance_storage_options(location: Location) -> dict[str, str] | None:
 def join(location: Location, *parts: str) -> Location:
     """``location / part / ...``."""
     if is_remote(location):
-        return "/".join([location, *parts])
+        return URI("/".join([location, *parts]))
     return location.joinpath(*parts)
 
 
@@ -84,7 +93,7 @@ def name(location: Location) -> str:
 def with_name(location: Location, new_name: str) -> Location:
     """A sibling of ``location`` called ``new_name``."""
     if is_remote(location):
-        return f"{location.rsplit('/', 1)[0]}/{new_name}"
+        return URI(f"{location.rsplit('/', 1)[0]}/{new_name}")
     return location.with_name(new_name)
 
 

@@ -101,6 +101,7 @@ class ForeignReader:
     """swm's Reader protocol over a foreign source: mapped keys, swm's row convention."""
 
     index_token = None  # the index comes from the source on each open: nothing to cache
+    metadata_sealed = False  # foreign layouts carry no swm metadata checksums
 
     def __init__(self, path: Path, format: str, source: Source, mapping: Mapping[str, str]):
         self.path, self.format, self._source = path, format, source
@@ -147,14 +148,25 @@ class ForeignReader:
 
     def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows (global, swm convention) of one key."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= self.num_steps):
-            raise DatasetError(f"{self.path}: rows outside 0..{self.num_steps - 1} asked for")
+        rows = self._check_rows(rows)
         check_keys(self.keys, [key], self.path)
         return take_rows(self._source.read(self._names[key], rows), None, out)
 
+    def _check_rows(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_steps):
+            raise DatasetError(f"{self.path}: rows outside 0..{self.num_steps - 1} asked for")
+        return rows
+
     def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
-        return {key: self.read_rows(key, rows) for key in keys}
+        """Several keys at the same rows (one read for all, where the source offers it)."""
+        many = getattr(self._source, "read_many", None)
+        if many is None or len(keys) < 2:
+            return {key: self.read_rows(key, rows) for key in keys}
+        rows = self._check_rows(rows)
+        check_keys(self.keys, keys, self.path)
+        values = many([self._names[key] for key in keys], rows)
+        return {key: values[self._names[key]] for key in keys}
 
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         if not 0 <= index < self.num_episodes:
@@ -165,6 +177,9 @@ class ForeignReader:
 
     def read_checksums(self, index: int) -> None:
         return None  # foreign layouts carry no per-row checksums
+
+    def read_row_checksums(self, rows: np.ndarray) -> None:
+        return None
 
     def close(self) -> None:
         self._source.close()

@@ -13,25 +13,17 @@ lossless column's checksum, then renames it into place (like ``copy_dataset``).
 
 import io
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from swmcli.core.storage import check_keys, is_image, open_reader, schema_to_json
+from swmcli.core.storage import is_image, open_reader, schema_to_json
 from swmcli.core.storage import location as loc
-from swmcli.core.storage.copy import (
-    Copied,
-    _check_destination,
-    _copy_episodes,
-    _move_into_place,
-    _remove_dead_leftovers,
-    _verify,
-)
+from swmcli.core.storage.copy import Copied, check_source, destination_lock, write_into_place
 from swmcli.core.storage.foreign import LEROBOT, UPSTREAM_HDF5, UPSTREAM_LANCE
 from swmcli.core.storage.foreign.upstream import EXPORT_KEY
-from swmcli.errors import DatasetError, UsageError
+from swmcli.errors import UsageError
 
 LAYOUTS = ("swm", "stable-worldmodel", "lerobot")
 _DESTINATIONS = {"stable-worldmodel": ".lance directory or .h5 file", "lerobot": "directory"}
@@ -75,41 +67,24 @@ def export_dataset(
             hint="e.g. data/pusht.lance or data/pusht.h5 (stable-worldmodel), data/pusht (lerobot)",
         )
     lance = layout != "lerobot" and suffix == ".lance"
-    reader = open_reader(src, mapping)
-    try:
-        _check_destination(src, dst, overwrite)
-        keys = check_keys(reader.keys, keys, src)
-        if reader.num_episodes == 0:
-            raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
-        _remove_dead_leftovers(dst)
-        temporary = dst.with_name(f".tmp-{os.getpid()}-{dst.name}")
-        loc.remove(temporary)
-        schema = {key: reader.keys[key] for key in keys}
-        writer = {".lance": LanceExport, ".h5": Hdf5Export, ".hdf5": Hdf5Export}.get(suffix)
-        writer = (LeRobotExport if layout == "lerobot" else writer)(temporary, schema)
+    with destination_lock(dst):  # held until the copy is in place
+        reader = open_reader(src, mapping)
         try:
-            with writer:
-                checksums = _copy_episodes(reader, writer, keys, on_episode)
+            keys = check_source(reader, src, dst, keys, overwrite)
+            schema = {key: reader.keys[key] for key in keys}
+            writer = {".lance": LanceExport, ".h5": Hdf5Export, ".hdf5": Hdf5Export}.get(suffix)
+            writer = LeRobotExport if layout == "lerobot" else writer
             exact = lossless_keys(schema, lance or layout == "lerobot", frames_only=not lance)
             if layout == "lerobot":  # a first row's reward/flags have no frame to go to
                 exact = [key for key in exact if key not in ARRIVAL_KEYS]
-            _verify(reader, temporary, keys, checksums, exact=exact)
-            _move_into_place(temporary, dst)
-        except BaseException:
-            loc.remove(temporary)
-            raise
-        fmt = LEROBOT if layout == "lerobot" else UPSTREAM_LANCE if lance else UPSTREAM_HDF5
-        return Copied(
-            src=src,
-            dst=dst,
-            format=fmt,
-            episodes=reader.num_episodes,
-            steps=reader.num_steps,
-            src_size_bytes=reader.nbytes_on_disk,
-            dst_size_bytes=loc.nbytes_under(dst),
-        )
-    finally:
-        reader.close()
+            fmt = LEROBOT if layout == "lerobot" else UPSTREAM_LANCE if lance else UPSTREAM_HDF5
+
+            def open_temporary(temporary):
+                return writer(temporary, schema)
+
+            return write_into_place(reader, src, dst, keys, open_temporary, fmt, on_episode, exact)
+        finally:
+            reader.close()
 
 
 def _export_metadata(schema) -> str:

@@ -232,13 +232,13 @@ class UpstreamLance:
             "lossy": f"frames ({', '.join(self._images)}); numbers are float32 as stored",
         }
 
-    def _take(self, name: str, rows: np.ndarray):
+    def _take(self, names: list[str], rows: np.ndarray):
         unique, inverse = np.unique(rows, return_inverse=True)
-        table = self._guard(lambda: self._dataset.take(unique, columns=[name]))
-        return table.column(name), inverse
+        return self._guard(lambda: self._dataset.take(unique, columns=names)), inverse
 
-    def _numbers(self, name: str, rows: np.ndarray) -> np.ndarray:
-        column, inverse = self._take(name, rows)
+    def _numbers(self, name: str, rows: np.ndarray, taken=None) -> np.ndarray:
+        table, inverse = taken or self._take([name], rows)
+        column = table.column(name)
         flat = column.combine_chunks().flatten().to_numpy(zero_copy_only=False)
         dtype, shape = self.columns[name]
         values = flat.reshape(len(column), self._dims[name])[inverse]
@@ -249,10 +249,20 @@ class UpstreamLance:
         if self._videos is not None and name in self._videos.columns:
             return self._guard(lambda: self._videos.read(name, rows))
         if name in self._images:
-            column, inverse = self._take(name, rows)
-            frames = jpeg.decode(column.to_pylist(), self._images[name], f"{self.path} ({name})")
-            return frames[inverse]
+            table, inverse = self._take([name], rows)
+            blobs = table.column(name).to_pylist()
+            return jpeg.decode(blobs, self._images[name], f"{self.path} ({name})")[inverse]
         return self._align.apply(name, rows, np.array(self._numbers(name, rows)))
+
+    def read_many(self, names: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Several columns at these rows: every number column in one Lance take."""
+        numbers = [name for name in names if name in self._dims]
+        taken = self._take(numbers, rows) if numbers else None
+        values = {
+            name: self._align.apply(name, rows, np.array(self._numbers(name, rows, taken)))
+            for name in numbers
+        }
+        return {name: values[name] if name in values else self.read(name, rows) for name in names}
 
     def close(self) -> None:
         self._dataset = None
