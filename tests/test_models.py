@@ -130,11 +130,13 @@ def test_a_full_disk_while_checkpointing_is_one_error_and_leaves_no_partial(tmp_
     from swmcli.models.checkpoint import checkpoint_path, save_checkpoint
 
     model = torch.nn.Linear(2, 2)
-    save_checkpoint(tmp_path, model=model, optimizer=None, step=1, model_args={})
+    save_checkpoint(tmp_path, model=model, optimizer=None, step=1, model_args={}, config_text="{}")
     before = checkpoint_path(tmp_path).read_bytes()
     partial = tmp_path / "checkpoint.pt.partial"
     partial.symlink_to("/dev/full")  # every write there fails with ENOSPC, as on a full disk
     with pytest.raises(CheckpointError, match="cannot write the checkpoint"):
-        save_checkpoint(tmp_path, model=model, optimizer=None, step=2, model_args={})
+        save_checkpoint(
+            tmp_path, model=model, optimizer=None, step=2, model_args={}, config_text="{}"
+        )
     assert not partial.exists() and not partial.is_symlink()
     assert checkpoint_path(tmp_path).read_bytes() == before
