@@ -89,20 +89,22 @@ def ceiling_row(cfg) -> dict:
     from swmcli.core.data import make_loader
     from swmcli.core.runner import make_runner
     from swmcli.core.source import load_clips
+    from swmcli.memory.levers import make_optimizer
+    from swmcli.models.protocol import Objective
     from swmcli.training import build_model, open_training_data, optimizer_step
 
     dataset, _, metadata = open_training_data(cfg)
     buffer = load_clips(dataset, budget=2**40, seed=0)
     batch = next(iter(make_loader(buffer, cfg.train.batch_size, num_workers=0)))
     runner = make_runner(bf16=False, compile=False, cpu_threads=cfg.runtime.cpu_threads)
-    model, optimizer = build_model(cfg, metadata)
-    runner.prepare(model)
+    model = runner.prepare(build_model(cfg, metadata))
+    objective, optimizer = Objective(model, cfg.model), make_optimizer(model, cfg.train)
     model.train()
     device_batch = runner.to_device(batch)
     seconds = 0.0
     for step in range(cfg.train.steps):
         began = time.perf_counter()
-        optimizer_step(model, optimizer, [device_batch], runner, cfg.train.grad_clip, 1)
+        optimizer_step(objective, optimizer, [device_batch], runner, cfg.train.grad_clip, 1)
         if step > 0:  # the first step is timed apart, as `swm train` does
             seconds += time.perf_counter() - began
     return {"clips_per_s": (cfg.train.steps - 1) * cfg.train.batch_size / seconds}

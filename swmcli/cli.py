@@ -202,6 +202,9 @@ def info(
     "swm train --preset tworoom-64 --in-memory --memory-steps 20000",
     "swm train --preset tworoom-64 --online --env swm/TwoRoom-v0 --record data/online.lance",
     "swm train --preset tiny --nproc 2",
+    "swm train --preset tiny --model tests/models/mlp_world_model.py:build",
+    "swm train --preset vit-b-224 --bf16 --activation-checkpointing blocks",
+    "swm train --preset tiny --nproc 2 --shard",
     "swm train --preset tiny --data s3://swm-bucket/tworoom/tiny.lance --out runs/tiny-s3",
 )
 def train(
@@ -267,6 +270,8 @@ def eval_(
     "swm memprofile --preset gpu24-224-bf16 --budget 24GiB --ram-budget 64GB --json",
     "swm memprofile --run runs/tiny",
     "swm memprofile --preset gpu24-224-bf16 --nproc 8",
+    "swm memprofile --preset vit-b-224 --budget 24GiB --picture memprofile.png",
+    "swm memprofile --model tests/models/mlp_world_model.py:build --budget 24GiB",
 )
 def memprofile(
     settings: dict,

@@ -191,7 +191,18 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    """The JEPA world model: encoder (pixels -> latent) and causal action-conditioned predictor."""
+    """The world model: swm's JEPA (encoder + causal action-conditioned predictor, the fields
+    below) or your own (``factory``, docs/bring-your-model.md)."""
+
+    factory: str | None = Field(
+        None,
+        description="your world model: module:function or path/to/file.py:function returning "
+        "a module with encode and predict (optional loss); default: swm's JEPA model",
+        json_schema_extra=flag("--model", metavar="MODULE:FUNCTION"),
+    )
+    kwargs: dict[str, Any] = Field(
+        {}, description="keyword arguments for --model's factory, e.g. --set model.kwargs.width=64"
+    )
 
     encoder: Literal["cnn", "vit"] = Field("cnn", description="pixel encoder architecture")
     latent_dim: PositiveInt = Field(32, description="size of one frame's latent")
@@ -235,7 +246,8 @@ class ModelConfig(Section):
 
 
 class RuntimeConfig(Section):
-    """How train, eval and memprofile run the model: precision, compilation, CPU threads."""
+    """How train, eval and memprofile run the model: precision, compilation, CPU threads, and
+    the memory levers (docs/bring-your-model.md)."""
 
     bf16: bool = Field(
         False,
@@ -254,6 +266,26 @@ class RuntimeConfig(Section):
         1,
         description="data-parallel processes, one per GPU (or CPU processes): swm train "
         "launches them with torchrun",
+    )
+    activation_checkpointing: str | None = Field(
+        None,
+        description="recompute these modules' activations in backward instead of keeping "
+        "them: 'blocks' (the transformer blocks) or module class names, comma-separated; "
+        "saves most activation memory, costs about a third more compute",
+        json_schema_extra=flag(metavar="MODULES"),
+    )
+    optimizer_in_backward: bool = Field(
+        False,
+        description="step AdamW per parameter inside backward and free each gradient at once: "
+        "saves the gradients' memory; no gradient clipping or accumulation, one process",
+        json_schema_extra=flag("--optimizer-in-backward"),
+    )
+    shard: bool = Field(
+        False,
+        description="fully shard parameters, gradients and AdamW state over the data-parallel "
+        "ranks (FSDP2, torchrun): divides their memory by the ranks; costs an all-gather of "
+        "each block's weights in forward and backward",
+        json_schema_extra=flag("--shard"),
     )
 
 
@@ -398,7 +430,7 @@ def eval_budget(cfg: "SwmConfig") -> int:
 
 
 class MemprofileConfig(Section):
-    """`swm memprofile`: budgets to fit."""
+    """`swm memprofile`: budgets to fit, and the picture."""
 
     budget: int | None = Field(
         None, description="GPU memory budget, e.g. 24GiB", json_schema_extra=flag(metavar="SIZE")
@@ -408,6 +440,11 @@ class MemprofileConfig(Section):
     )
     sample_episodes: PositiveInt = Field(
         4, description="episodes written in each format to estimate the on-disk size"
+    )
+    picture: Path | None = Field(
+        None,
+        description="draw the predicted peaks as stacked bars by category (per combination of "
+        "levers with --budget, else per technique) with the budget line, into this PNG",
     )
 
     @field_validator("budget", "ram_budget", mode="before")

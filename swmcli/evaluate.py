@@ -82,7 +82,7 @@ def _evaluate(run_dir: Path, cfg: SwmConfig, monitor) -> CommandResult:
     if no_goal is None:
         episodes = _goal_episodes(cfg)
         with runner.inference(model), monitor.phase("plan"):
-            planned = run_episodes(model, cfg, runner, shape, episodes)
+            planned = run_episodes(model, cfg, runner, shape, episodes, monitor.stop_tracking)
         with monitor.phase("random baseline"):
             random = run_episodes(None, cfg, runner, shape, episodes)
         pictures = save_pictures(planned["recorded"], run_dir / EVAL_DIR, cfg.eval.planner)
@@ -98,7 +98,8 @@ def _check_eval_only(flags: dict | None, sets: list[str] | None) -> None:
     keys = [key for key, value in (flags or {}).items() if value is not None]
     keys += [item.partition("=")[0].strip() for item in sets or []]
     for key in keys:
-        if not key.startswith(("eval.", "runtime.")):
+        # model.factory may move (a renamed module, another checkout): its weights are the run's
+        if not key.startswith(("eval.", "runtime.")) and key != "model.factory":
             raise UsageError(
                 f"swm eval cannot change {key}: the model and its data are the run's",
                 hint="override eval settings only, e.g. --set eval.samples=300",
@@ -148,11 +149,11 @@ def _goal_episodes(cfg: SwmConfig):
 
 def load_model(run_dir: Path, cfg: SwmConfig, runner):
     """The run's world model with its checkpoint's weights (prepared by ``runner``) and state."""
-    from swmcli.models import build_world_model
     from swmcli.models.checkpoint import checkpoint_path, load_checkpoint, restore_model
+    from swmcli.models.protocol import build_model
 
     state = load_checkpoint(run_dir)
-    model = build_world_model(cfg.model, **state["model_args"])
+    model = build_model(cfg.model, state["model_args"])
     restore_model(model, state, checkpoint_path(run_dir))
     return runner.prepare(model), state
 
@@ -207,6 +208,7 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     """
     from swmcli.core.clips import heldout_split
     from swmcli.core.data import load_dataset
+    from swmcli.models.protocol import rollout
 
     frameskip = cfg.data.frameskip
     path, cache = cfg.data.path, cfg.data.cache_dir
@@ -230,7 +232,7 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
         batch = runner.to_device(windows.read_batch(indices))
         latents = model.encode(batch["pixels"]).float()
         actions = batch["action"][:, :horizon]
-        predicted = model.rollout(latents[:, :1], actions[:, :0], actions).float()
+        predicted = rollout(model, latents[:, :1], actions[:, :0], actions).float()
         truth = latents[:, 1:]
         model_sum += (predicted - truth).pow(2).mean(-1).sum(0).cpu().numpy()
         still_sum += (latents[:, :1] - truth).pow(2).mean(-1).sum(0).cpu().numpy()
@@ -238,8 +240,11 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     return {"model": list(model_sum / len(windows)), "no_change": list(still_sum / len(windows))}
 
 
-def run_episodes(model, cfg: SwmConfig, runner, shape: dict[str, int], episodes) -> dict:
-    """Play ``episodes`` (``GoalEpisode``s): planning with ``model``, or random actions when None.
+def run_episodes(
+    model, cfg: SwmConfig, runner, shape: dict[str, int], episodes, first_done=lambda: None
+) -> dict:
+    """Play ``episodes`` (``GoalEpisode``s): planning with ``model``, or random actions when None;
+    ``first_done`` is called once the first has been played (memory tracking stops there).
 
     Returns per-episode ``success``, ``steps`` (env steps) and ``kind`` (of goal), the seconds
     spent planning, and the first episodes' frames (``recorded``: (frames, goal image, success)).
@@ -257,6 +262,8 @@ def run_episodes(model, cfg: SwmConfig, runner, shape: dict[str, int], episodes)
             if index < RECORDED_EPISODES:
                 outcome["recorded"].append((frames, _goal_image(episode, frames), success))
             advance(1, success_rate=float(np.mean(outcome["success"])))
+            if index == 0:
+                first_done()
     return outcome
 
 

@@ -22,14 +22,26 @@ import numpy as np
 
 from swmcli.config import SwmConfig
 from swmcli.errors import SwmError, UsageError
+from swmcli.memory.plan import (
+    Combination,
+    Lever,
+    applicable_levers,
+    cheapest_fitting,
+    combinations,
+    draw_combinations,
+    plan_sentence,
+    without_levers,
+)
 from swmcli.memory.predict import (
     PeakPredictor,
     Variant,
     clip_batch,
+    configured_variant,
     cuda_runner,
     ddp_bucket_bytes,
     eval_step,
     largest_fitting,
+    traced_micro_batches,
     train_step,
 )
 from swmcli.memory.trace import (
@@ -54,6 +66,7 @@ CATEGORY_LABELS = {
     "activations": "activations",
     "temporaries": "temporaries",
     "ddp_buckets": "DDP buckets",
+    "fsdp_gathered": "FSDP gathered",
 }
 
 
@@ -152,27 +165,31 @@ def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
     """A fresh CUDA model, batch and (for training) optimizer, bound into one step callable."""
     import copy
 
-    from swmcli.training import make_optimizer
+    from swmcli.memory.levers import make_optimizer
+    from swmcli.models.protocol import Objective
 
     runner = cuda_runner(variant)
-    model = runner.prepare(copy.deepcopy(predictor.model(variant.history_len, variant.frameskip)))
+    plain = predictor.model(variant.history_len, variant.frameskip, variant.checkpointing)
+    model = runner.prepare(copy.deepcopy(plain))
     batch = clip_batch(predictor.step, variant, device="cuda")
     if variant.kind == "train":
         model.train()
-        optimizer = make_optimizer(model, predictor.cfg.train)
+        optimizer = make_optimizer(model, predictor.cfg.train, variant.in_backward)
         grad_clip = predictor.cfg.train.grad_clip
-        micro_batches = min(predictor.cfg.train.grad_accum, 2)
-        return lambda: train_step(model, optimizer, batch, runner, grad_clip, micro_batches)
+        micro_batches = traced_micro_batches(predictor.cfg, variant)
+        objective = Objective(model, predictor.cfg.model)
+        return lambda: train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
     return lambda: eval_step(model, batch, runner, variant.grad_free)
 
 
 # --- the rows and the result -----------------------------------------------------------------
 
 
-def technique_rows(cfg: SwmConfig) -> list[Row]:
-    """One row per technique, each against the fp32 eager training baseline (the first row)."""
+def technique_rows(cfg: SwmConfig, levers: list[Lever]) -> list[Row]:
+    """One row per technique, each against the fp32 eager training baseline (the first row);
+    each of ``levers`` is one row too."""
     configured = _configured(cfg)
-    base = replace(configured, bf16=False)
+    base = without_levers(configured)
     history, frameskip = base.history_len, base.frameskip
     rows = [
         Row("fp32 train (baseline)", base),
@@ -182,6 +199,8 @@ def technique_rows(cfg: SwmConfig) -> list[Row]:
         Row("gradient-free eval", replace(base, kind="eval", grad_free=True)),
         Row("gradient-free eval + bf16", replace(base, kind="eval", grad_free=True, bf16=True)),
     ]
+    for lever in levers[1:]:  # bf16 has its rows above
+        rows.append(Row(lever.name, replace(base, **dict(lever.settings))))
     if frameskip > 1:
         same_span = replace(configured, history_len=history * frameskip, frameskip=1)
         rows.append(Row(f"frameskip 1, same span ({history * frameskip} frames)", same_span))
@@ -217,34 +236,81 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
     del episodes
 
     predictor = PeakPredictor(cfg, step)
-    rows = technique_rows(cfg)
+    levers = applicable_levers(cfg, predictor)
+    rows = technique_rows(cfg, levers)
     with monitor.phase("predict"):
         for row in rows:
             if not row.variant.compile:
                 row.predicted = predictor.predict(row.variant)
         budget_fit = _fit_budget(cfg, predictor, rows)
+        options = combinations(predictor, _configured(cfg), levers) if cfg.memprofile.budget else []
     if on_cuda and cfg.runtime.nproc == 1:
         measure_rows(rows, predictor, monitor, snapshot)
 
     fields = _fields(cfg, predictor, step, disk, sample_steps, budget_fit)
-    return CommandResult(
-        title="memprofile",
-        fields=fields,
-        tables=[_technique_table(rows, on_cuda), _category_table(rows)],
-        notes=_notes(on_cuda, fields, snapshot),
+    tables = [_technique_table(rows, on_cuda), _category_table(rows)]
+    notes = _notes(on_cuda, fields, snapshot)
+    if options:
+        budget = cfg.memprofile.budget
+        fields["plan"] = plan_sentence(options, budget, cfg.env.resolution)
+        chosen = cheapest_fitting(options, budget)
+        fields["plan_levers"] = [lever.name for lever in chosen.levers] if chosen else None
+        tables.append(_combination_table(options, budget))
+        notes.insert(0, fields["plan"])
+    if cfg.memprofile.picture is not None:
+        title = f"{fields['model']}: B={cfg.train.batch_size} at {cfg.env.resolution}"
+        drawn = options or [_as_combination(row, predictor) for row in rows if row.predicted]
+        fields["picture"] = str(
+            draw_combinations(drawn, cfg.memprofile.budget, title, cfg.memprofile.picture)
+        )
+    return CommandResult(title="memprofile", fields=fields, tables=tables, notes=notes)
+
+
+def _as_combination(row: Row, predictor: PeakPredictor) -> Combination:
+    """A technique row drawn as a bar (no budget asked: the rows are the bars)."""
+    lever = Lever(row.technique, 0, ())
+    return Combination((lever,), row.variant, row.predicted, predictor.needed_bytes(row.variant))
+
+
+def _combination_table(options: list[Combination], budget: int) -> Table:
+    columns = ["levers", "price", "predicted_peak_bytes", "needs_bytes", "fits"]
+    columns += ["model_state_bytes", "activation_bytes"]
+    model_state = ("parameters", "buffers", "gradients", "optimizer_state", "ddp_buckets")
+    cells = []
+    for option in sorted(options, key=lambda option: (option.cost, option.needed_bytes)):
+        by_category = option.peak.by_category
+        state = sum(by_category[c] for c in (*model_state, "fsdp_gathered"))
+        cells.append(
+            [
+                option.name,
+                option.cost,
+                option.peak.peak_bytes,
+                option.needed_bytes,
+                "yes" if option.needed_bytes <= budget else "no",
+                state,
+                option.peak.peak_bytes - state,
+            ]
+        )
+    return Table(
+        "training step per combination of levers (needs = peak + CUDA allowance; price: lower "
+        "is cheaper; model state = weights, gradients, optimizer; activations incl. inputs)",
+        columns,
+        cells,
     )
 
 
 def _configured(cfg: SwmConfig, kind: str = "train") -> Variant:
-    """The variant the config runs: training, or gradient-free eval, at its precision."""
+    """The variant the config runs: training (with its levers), or gradient-free eval, at its
+    precision."""
+    if kind == "train":
+        return configured_variant(cfg, cfg.train.batch_size)
     return Variant(
         kind,
         bf16=cfg.runtime.bf16,
         batch_size=cfg.train.batch_size,
         history_len=cfg.data.history_len,
         frameskip=cfg.data.frameskip,
-        grad_free=kind == "eval",
-        ranks=cfg.runtime.nproc,
+        grad_free=True,
     )
 
 
@@ -282,11 +348,14 @@ def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, A
     fields: dict[str, Any] = {
         "env": cfg.env.id,
         "resolution": cfg.env.resolution,
-        "model": f"{cfg.model.encoder} encoder + predictor",
+        "model": f"{cfg.model.encoder} encoder + predictor"
+        if cfg.model.factory is None
+        else f"{type(model).__name__} from {cfg.model.factory}",
         "model_parameters": sum(p.numel() for p in model.parameters()),
         "batch_size": cfg.train.batch_size,
         "ranks": cfg.runtime.nproc,
         "batch_per_rank": cfg.train.batch_size // cfg.runtime.nproc,
+        "grad_accum": cfg.train.grad_accum,
         "history_len": cfg.data.history_len,
         "frameskip": cfg.data.frameskip,
         "precision": "bf16 autocast" if cfg.runtime.bf16 else "fp32",
@@ -390,6 +459,14 @@ def _notes(on_cuda: bool, fields: dict[str, Any], snapshot: Path | None) -> list
             f"(its {fields['batch_per_rank']} clips of each batch, SIGReg and BatchNorm over all "
             f"{fields['batch_size']}, plus {format_bytes(fields['ddp_bucket_bytes'])} of DDP "
             "gradient buckets); on a GPU, `swm train --nproc N` measures them per rank."
+        )
+    if fields["ranks"] > 1 and fields["grad_accum"] > 1:
+        accumulation = fields["grad_accum"]
+        notes.append(
+            f"Gradient accumulation ({accumulation} micro-batches per step) costs a rank no memory "
+            "past the gradients already in its rows (the second micro-batch is traced with them "
+            f"alive); they are all-reduced once per step, on the last micro-batch (no_sync), so "
+            f"{accumulation - 1} of every {accumulation} all-reduces are saved."
         )
     if on_cuda and fields["ranks"] == 1:
         notes.append("Measured: one step after a warm-up step, allocator peaks reset per row.")

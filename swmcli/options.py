@@ -29,17 +29,19 @@ SETTINGS = {
         "runtime.bf16", "runtime.compile", "train.out", "train.seed", "data.in_memory",
         "data.ram_budget", "data.memory_steps", "online.enabled", "env.id", "online.policy",
         "online.updates_per_step", "online.warmup_steps", "online.ring_steps", "online.record",
-        "runtime.nproc", "train.loggers", "data.skip_damaged",
+        "runtime.nproc", "train.loggers", "data.skip_damaged", "model.factory",
+        "runtime.activation_checkpointing", "runtime.optimizer_in_backward", "runtime.shard",
     ),
     "eval": (
         "eval.protocol", "eval.episodes", "eval.goal_offset", "eval.step_budget", "eval.planner",
         "eval.horizon", "eval.samples", "eval.iterations", "eval.elites", "runtime.bf16",
-        "runtime.compile",
+        "runtime.compile", "model.factory",
     ),
     "memprofile": (
         "env.resolution", "train.batch_size", "data.history_len", "data.frameskip",
         "collect.buffer_steps", "runtime.bf16", "memprofile.budget", "memprofile.ram_budget",
-        "runtime.nproc",
+        "runtime.nproc", "model.factory", "runtime.activation_checkpointing",
+        "runtime.optimizer_in_backward", "runtime.shard", "memprofile.picture",
     ),
 }  # fmt: skip
 # Flags of renamed settings, still accepted (hidden): they set the old key, read through

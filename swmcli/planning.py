@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from swmcli.models.protocol import rollout
+
 INITIAL_STD = 1.0  # actions live in [-1, 1]: start wide, CEM narrows it
 MIN_STD = 0.05
 MPPI_TEMPERATURE = 0.1  # of the batch's cost range: lower = greedier
@@ -43,7 +45,7 @@ def plan_costs(model, latent, goal, plans: torch.Tensor, cost: str = "terminal")
     count = plans.shape[0]
     history = latent.expand(count, 1, -1)
     no_actions = plans.new_zeros(count, 0, plans.shape[-1])
-    predicted = model.rollout(history, no_actions, plans)
+    predicted = rollout(model, history, no_actions, plans)
     distances = (predicted.float() - goal.float()).pow(2).sum(-1)  # (S, H)
     return distances[:, -1] if cost == "terminal" else distances.mean(-1)
 

@@ -50,6 +50,9 @@ from swmcli.units import format_bytes
 METRICS_FILE = "metrics.jsonl"
 LOSS_CURVE_FILE = "loss_curve.png"
 PASSES_WARNING = 50  # more passes than this over the training clips and the model memorises them
+# Steady steps counted by the live-tensor tracker (CPU): the first sees the weights and AdamW state
+# only as it touches them, the second counts them from its start; later steps are alike, untracked.
+TRACKED_STEADY_STEPS = 2
 
 
 def _is_dataset(path: Path) -> bool:
@@ -107,7 +110,11 @@ def _prepare_run(cfg: SwmConfig, resume: bool, steps: int | None, world, given) 
 
     # An absolute data path, so `swm eval RUN_DIR` finds the data from any directory.
     data_path = location.resolve(location.as_location(cfg.data.path))
-    cfg = with_settings(cfg, {"data.path": data_path, "runtime.nproc": world.size})
+    from swmcli.models.protocol import portable_factory
+
+    factory = portable_factory(cfg.model.factory)
+    settings = {"data.path": data_path, "runtime.nproc": world.size, "model.factory": factory}
+    cfg = with_settings(cfg, settings)
     if world.is_main and not resume:
         save_config(cfg, run_dir)
     return cfg
@@ -192,31 +199,38 @@ def _loader(cfg: SwmConfig, dataset, first_step: int, world):
     )
 
 
-def trim_metrics(path: Path, last_step: int) -> None:
+def trim_metrics(path: Path, last_step: int) -> int:
     """Keep the logged steps up to ``last_step``: later ones will be trained again.
 
-    A line cut short by a killed process (or damaged) is dropped too.
+    Unreadable lines are dropped: the last one cut short by a killed process, and any damaged
+    line before it, whose number is returned (said by the caller: the logged history lost them).
     """
     if not path.exists():
-        return
-    kept = [json.dumps(row) + "\n" for row in _metric_rows(path) if row["step"] <= last_step]
+        return 0
+    rows, damaged = _metric_rows(path)
+    kept = [json.dumps(row) + "\n" for row in rows if row["step"] <= last_step]
     path.write_text("".join(kept))
+    return damaged
 
 
-def _metric_rows(path: Path) -> list[dict]:
-    """The readable rows of ``metrics.jsonl``: a line cut short or damaged is skipped."""
-    rows = []
-    for line in path.read_bytes().decode(errors="replace").splitlines():
+def _metric_rows(path: Path) -> tuple[list[dict], int]:
+    """The readable rows of ``metrics.jsonl``, and how many lines before the last one are not
+    (a last line cut short by a kill is no damage)."""
+    lines = [line for line in path.read_bytes().decode(errors="replace").splitlines() if line]
+    rows, damaged = [], 0
+    for number, line in enumerate(lines):
         try:
             row = json.loads(line)
         except (json.JSONDecodeError, RecursionError):
-            continue
+            row = None
         numbers = isinstance(row, dict) and all(
             isinstance(value, int | float) for value in row.values()
         )
         if numbers and isinstance(row.get("step"), int):
             rows.append(row)
-    return rows
+        elif number < len(lines) - 1:
+            damaged += 1
+    return rows, damaged
 
 
 def run_train(
@@ -312,13 +326,18 @@ class _Run:
     def checkpoint(self, step: int) -> None:
         """Save the run at ``step`` with its config and data fingerprint (rank 0; atomic)."""
         from swmcli.config import config_text
+        from swmcli.memory.levers import training_state
         from swmcli.models.checkpoint import save_checkpoint
 
+        # Every rank: a sharded run gathers its shards here; rank 0 writes.
+        model_state, optimizer_state = training_state(
+            self.model, self.net, self.optimizer, self.cfg.runtime.shard
+        )
         if self.world.is_main:
             save_checkpoint(
                 Path(self.cfg.train.out),
-                model=self.model,
-                optimizer=self.optimizer,
+                model=model_state,
+                optimizer=optimizer_state,
                 step=step,
                 model_args=self.args,
                 config_text=config_text(self.cfg),
@@ -330,6 +349,7 @@ def _set_up(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, giv
     """The run directory, device, data, model, optimizer and first step of this rank's run."""
     from swmcli.core import distributed
     from swmcli.core.runner import make_runner, untrack_tensors_if_compiling
+    from swmcli.memory.levers import make_optimizer, restore_optimizer, shard
     from swmcli.memory.predict import check_training_fits
     from swmcli.models.checkpoint import (
         check_data_fingerprint,
@@ -337,6 +357,7 @@ def _set_up(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, giv
         restore_model,
         restore_rng,
     )
+    from swmcli.models.protocol import Objective
 
     check_installed(cfg.train.loggers)
     cfg = _prepare_run(cfg, resume, steps, world, given)
@@ -375,7 +396,7 @@ def _set_up(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, giv
         with monitor.phase("load into memory"):
             data.load()
     with monitor.phase("setup"):
-        model, optimizer = build_model(cfg, data.metadata)
+        model = build_model(cfg, data.metadata)
         start = state["step"] if state else 0
         if start >= cfg.train.steps:
             raise UsageError(
@@ -385,16 +406,22 @@ def _set_up(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, giv
         if state:
             restore_model(model, state, checkpoint_path(run_dir))
         runner.prepare(model)
+        objective = Objective(model, cfg.model)
+        sharded = cfg.runtime.shard
+        if sharded:
+            net = shard(objective, runner.device)
+        else:
+            net = distributed.wrap(objective, world, runner.device)
+        # After .to(device) and sharding: the optimizer's state sits where the parameters do.
+        optimizer = make_optimizer(model, cfg.train, cfg.runtime.optimizer_in_backward)
         if state:
-            # After .to(device): the optimizer's state must sit where the parameters are.
-            optimizer.load_state_dict(state["optimizer"])
-        net = distributed.wrap(model, world, runner.device)
+            restore_optimizer(net, optimizer, state["optimizer"], sharded)
         data.use_model(model, runner)
         batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...
         if state:
             restore_rng(state)  # ... so the checkpointed state is restored after it
-        if world.is_main:
-            trim_metrics(run_dir / METRICS_FILE, start)
+        if world.is_main and (damaged := trim_metrics(run_dir / METRICS_FILE, start)):
+            warn(f"{run_dir / METRICS_FILE}: {damaged} damaged line(s) dropped")
     model.train()
     return _Run(cfg, world, runner, data, model, net, optimizer, args, start, batches, fingerprint)
 
@@ -437,6 +464,8 @@ def _train(cfg: SwmConfig, monitor, resume: bool, steps: int | None, world, give
             micro = [next(run.batches) for _ in range(cfg.train.grad_accum)]
             check(micro)
             last = _train_step(run, micro, step)
+            if step - run.start >= TRACKED_STEADY_STEPS:
+                monitor.stop_tracking()  # their peak is every step's; the rest runs untracked
             seconds = time.perf_counter() - began
             steady_seconds += seconds if step > run.start else 0.0
             last["clips_per_s"] = clips_per_step / seconds
@@ -689,7 +718,7 @@ def draw_loss_curve(metrics_path: Path, picture_path: Path) -> Path | None:
     Log-scaled when every loss is positive (losses fall by orders of magnitude, then flatten),
     with labelled axes, a grid and a legend; nothing is drawn for fewer than two logged steps.
     """
-    rows = _metric_rows(metrics_path)
+    rows, _ = _metric_rows(metrics_path)
     if len(rows) < 2:
         return None
     import matplotlib

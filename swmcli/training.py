@@ -1,9 +1,10 @@
 """What ``swm train`` runs and ``swm memprofile`` traces: the data, model, optimizer and step.
 
 One module, so that the step memprofile predicts is the step training takes: ``optimizer_step``
-(forward under autocast, backward, clip, AdamW), ``make_optimizer`` (foreach AdamW on every
-device), the learning-rate schedule, the seeded clip order and the training data (all episodes
-but the held-out ones, by ``core.clips.heldout_split``).
+(forward under autocast, backward, clip, AdamW), the model with its levers and optimizer
+(``memory.levers``: foreach AdamW on every device), the learning-rate schedule, the seeded clip
+order and the training data (all episodes but the held-out ones, by
+``core.clips.heldout_split``).
 """
 
 import math
@@ -108,7 +109,7 @@ def open_training_data(cfg: SwmConfig):
 
 
 def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
-    """``build_world_model``'s keyword arguments for this config and dataset."""
+    """The clip shape ``protocol.build_model`` takes, for this config and dataset."""
     return {
         "resolution": int(metadata["resolution"]),
         "action_dim": int(metadata["action_dim"]),
@@ -128,41 +129,41 @@ def model_bytes(model, optimizer) -> int:
 
 
 def build_model(cfg: SwmConfig, metadata: dict[str, Any]):
-    """The world model for this config and dataset (seeded by ``train.seed``) and its
-    optimizer."""
+    """The world model for this config and dataset (swm's or ``model.factory``'s, seeded by
+    ``train.seed``), with its memory levers on."""
     import torch
 
-    from swmcli.models import build_world_model
+    from swmcli.memory.levers import apply_levers, check_lever_combination
+    from swmcli.models.protocol import build_model as build_world_model
 
+    check_lever_combination(cfg)
     torch.manual_seed(cfg.train.seed)
-    model = build_world_model(cfg.model, **model_args(cfg, metadata))
-    return model, make_optimizer(model, cfg.train)
+    return apply_levers(build_world_model(cfg.model, model_args(cfg, metadata)), cfg.runtime)
 
 
-def make_optimizer(model, train_cfg):
-    """AdamW with the multi-tensor (foreach) update CUDA uses by default, on every device, so
-    ``swm memprofile`` traces the very optimizer that training runs."""
-    import torch
-
-    return torch.optim.AdamW(
-        model.parameters(), lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, foreach=True
-    )
-
-
-def optimizer_step(model, optimizer, device_batches, runner, grad_clip: float, micro_batches: int):
+def optimizer_step(
+    objective, optimizer, device_batches, runner, grad_clip: float, micro_batches: int
+):
     """One optimizer step: free the gradients, forward under autocast and backward for each of
-    the ``micro_batches`` device batches, clip, step. Returns the detached loss parts of each
-    micro-batch and the gradient norm, without reading them back (memprofile runs this very
-    function on fake tensors, which have no values)."""
+    the ``micro_batches`` device batches, clip, step. ``objective`` is the model's
+    ``protocol.Objective`` (or its data-parallel wrapper). Returns the detached loss terms of
+    each micro-batch and the gradient norm, without reading them back (memprofile runs this very
+    function on fake tensors, which have no values). Data-parallel ranks all-reduce only the last
+    micro-batch's gradients (``gradient_sync``)."""
     import torch
+
+    from swmcli.memory.levers import gradient_sync
 
     optimizer.zero_grad(set_to_none=True)
     parts = []
-    for batch in device_batches:
-        with runner.autocast():
-            loss, terms = model(batch)  # WorldModel.forward is its loss (what DDP wraps)
-        (loss / micro_batches).backward()
-        parts.append({"loss": loss.detach(), **{k: v.detach() for k, v in terms.items()}})
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    for index, batch in enumerate(device_batches):
+        with gradient_sync(objective, last=index == micro_batches - 1):
+            with runner.autocast():
+                terms = objective(batch)
+            (terms["loss"] / micro_batches).backward()
+        parts.append({key: torch.as_tensor(value).detach() for key, value in terms.items()})
+    grad_norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm is a DTensor
+        grad_norm = grad_norm.full_tensor()
     optimizer.step()
     return parts, grad_norm

@@ -45,6 +45,13 @@ def test_object_store_benchmark_runs_against_moto():
     assert "first batches identical: True" in out
 
 
+def test_tracking_benchmark_reports_the_same_peak_tracked_on_the_first_steps():
+    out = _run("tracking.py", "--steps", "3", "--rounds", "1", "--batch-size", "2")
+    for row in ("untracked", "every step tracked", "first steps tracked"):
+        assert row in out
+    assert "same live peak reported by both tracked rows: True" in out
+
+
 def test_collect_workers_benchmark_runs_one_and_two_processes():
     out = _run(
         "collect_workers.py", "--env", "swm/TwoRoom-v0", "--resolution", "32",

@@ -8,6 +8,7 @@ import copy
 import json
 import pickle
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from swmcli.cli import app
 from swmcli.config import resolve_config
 from swmcli.core.buffer import step_bytes
 from swmcli.memory.measure import LiveTensorBytes, MemoryMonitor
+from swmcli.memory.plan import applicable_levers, cheapest_fitting, combinations, plan_sentence
 from swmcli.memory.predict import PeakPredictor, Variant, largest_fitting
 from swmcli.memory.trace import (
     CategorisedLiveBytes,
@@ -32,6 +34,7 @@ from swmcli.memory.trace import (
 from swmcli.memprofile import measure_rows, run_memprofile, technique_rows
 from swmcli.rollout import sample_episodes
 
+USER_MODEL = str(Path(__file__).parent / "models" / "mlp_world_model.py") + ":build"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -93,6 +96,27 @@ def test_prediction_equals_real_cpu_live_peak(tiny, changes):
 
     assert predicted.peak_bytes == pytest.approx(measured, rel=0.01)
     assert sum(predicted.by_category.values()) == predicted.peak_bytes
+
+
+@pytest.mark.parametrize("factory", [None, USER_MODEL], ids=["swm-model", "user-model"])
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"checkpointing": "blocks"}, {"in_backward": True}, {"bf16": True, "in_backward": True}],
+    ids=["plain", "checkpointing", "optimizer-in-backward", "bf16-optimizer-in-backward"],
+)
+def test_prediction_with_levers_equals_real_cpu_live_peak(factory, changes):
+    cfg = resolve_config("tiny", sets=[f'model.factory="{factory}"'] if factory else None)
+    if factory and changes.get("checkpointing"):
+        changes = {**changes, "checkpointing": "Linear"}  # an MLP has no blocks: per module type
+    predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
+    variant = replace(Variant("train", False, 8, cfg.data.history_len, 1), **changes)
+    model = predictor.model(variant.history_len, variant.frameskip, variant.checkpointing)
+    make = predictor.step_maker(variant)
+
+    predicted = trace_step_peak(model, make, fake=True, round_bytes=1)
+    measured = real_live_peak(copy.deepcopy(model), make)
+
+    assert predicted.peak_bytes == pytest.approx(measured, rel=0.05)
 
 
 def test_fake_and_real_traces_agree_by_category(tiny):
@@ -220,6 +244,47 @@ def test_run_memprofile_reports_every_technique_and_buffer(tiny_result):
     compile_row = next(row for row in result.tables[0].rows if row[0].startswith("torch.compile"))
     assert compile_row[2] == "measured on GPU"
     assert [phase.name for phase in monitor.report.phases] == ["sample", "predict"]
+    # The levers, one row each, and every combination of them under the budget: none is needed.
+    for name in ("optimizer in backward", "activation checkpointing"):
+        assert name in techniques
+    assert len(result.tables[-1].rows) == 2**3  # bf16, optimizer in backward, checkpointing
+    assert fields["plan"].startswith("to train B=16 at 32 in 1.00 GiB: no lever;")
+
+
+def test_plan_picks_the_cheapest_levers_that_fit(tiny):
+    cfg, predictor = tiny
+    levers = applicable_levers(cfg, predictor)
+    options = combinations(predictor, tiny_variant(cfg, batch_size=64), levers)
+    by_name = {option.name: option for option in options}
+    # A budget that bf16 alone meets: the plan is bf16, the cheapest, even where a dearer set
+    # would leave more room.
+    budget = by_name["bf16"].needed_bytes
+    assert by_name["no lever"].needed_bytes > budget
+    assert cheapest_fitting(options, budget).name == "bf16"
+    everything = by_name["bf16 + optimizer in backward + activation checkpointing"]
+    assert everything.needed_bytes < budget
+    assert cheapest_fitting(options, everything.needed_bytes - 1) is None
+    sentence = plan_sentence(options, budget, 32)
+    assert sentence.startswith("to train B=64 at 32 in ") and ": bf16; " in sentence
+
+
+def test_cli_profiles_a_user_model_with_its_plan_and_picture(tmp_path):
+    picture = tmp_path / "memprofile.png"
+    model = USER_MODEL
+    flags = ["--model", model, "--resolution", "224", "--budget", "24GiB", "--json"]
+    flags += ["--set", "collect.max_steps=1000", "--set", "memprofile.sample_episodes=1"]
+    flags += ["--picture", str(picture)]
+    result = CliRunner().invoke(app, ["memprofile", *flags])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["model"] == "MLPWorldModel from " + model
+    assert payload["plan"].startswith("to train B=64 at 224 in 24.00 GiB: no lever;")
+    assert picture.read_bytes()[:4] == b"\x89PNG"
+    lacking = CliRunner().invoke(
+        app, ["memprofile", "--model", model.replace(":build", ":build_without_predict")]
+    )
+    assert lacking.exit_code == 2
+    assert "has no method predict(latents, actions) -> next latents" in lacking.output
 
 
 def test_the_tables_piped_at_80_columns_keep_every_row_name_whole(tiny_result, capsys, monkeypatch):

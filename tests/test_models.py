@@ -7,8 +7,8 @@ from swmcli.config import ModelConfig
 from swmcli.errors import UsageError
 from swmcli.models import build_world_model
 from swmcli.models.encoder import cnn_stages
-from swmcli.models.losses import sigreg, vicreg
-from swmcli.models.world_model import effective_rank
+from swmcli.models.losses import effective_rank, sigreg, vicreg
+from swmcli.models.protocol import Objective, rollout
 
 TINY = ModelConfig(
     latent_dim=16, cnn_width=8, predictor_dim=32, predictor_depth=1, predictor_heads=2
@@ -38,7 +38,7 @@ def test_encode_predict_and_rollout_shapes():
     context = latents[:, :-1]  # the predictor's length: history_len - 1
     assert model.predict(context, batch["action"][:, :-1]).shape == (6, 2, 16)
     plans = torch.zeros(6, 5, 4)
-    imagined = model.rollout(latents[:, :1], batch["action"][:, :0], plans)
+    imagined = rollout(model, latents[:, :1], batch["action"][:, :0], plans)
     assert imagined.shape == (6, 5, 16)
 
 
@@ -58,11 +58,11 @@ def test_nan_in_last_action_block_does_not_poison_gradients():
     model = _model()
     batch = _batch()
     batch["action"][:, -1] = float("nan")  # the episode's last observation has no action
-    loss, parts = model.loss(batch)
-    loss.backward()
-    assert torch.isfinite(loss)
+    terms = Objective(model, TINY)(batch)
+    terms["loss"].backward()
+    assert torch.isfinite(terms["loss"])
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-    assert set(parts) == {"prediction", "regularizer", "latent_rank"}
+    assert set(terms) == {"loss", "prediction", "regularizer", "latent_rank"}
     # Fed to the predictor directly (as a planner or memprofile might), NaN still becomes 0.
     latents = model.encode(batch["pixels"])[:, 1:]
     assert torch.isfinite(model.predict(latents, batch["action"][:, 1:])).all()
@@ -72,8 +72,7 @@ def test_vit_encoder_option_runs():
     cfg = TINY.model_copy(
         update={"encoder": "vit", "vit_patch": 8, "vit_dim": 32, "vit_depth": 1, "vit_heads": 2}
     )
-    model = _model(cfg)
-    loss, _ = model.loss(_batch())
+    loss = Objective(_model(cfg), cfg)(_batch())["loss"]
     loss.backward()
     assert torch.isfinite(loss)
 
@@ -95,8 +94,11 @@ def test_effective_rank_sees_collapse():
 
 
 def test_regularizer_choice_is_used():
-    vic = _model(TINY.model_copy(update={"regularizer": "vicreg"}))
-    assert vic.regularizer is vicreg
+    model, batch = _model(), _batch()
+    vic = TINY.model_copy(update={"regularizer": "vicreg", "regularizer_weight": 1.0})
+    latents = model.encode(batch["pixels"])
+    expected = vicreg(latents.reshape(-1, latents.shape[-1]))
+    assert Objective(model, vic)(batch)["regularizer"].item() == pytest.approx(expected.item())
 
 
 def test_history_len_one_is_refused():
@@ -111,18 +113,21 @@ def test_cnn_depth_follows_resolution(resolution, stages):
 
 def test_multi_step_loss_adds_the_rolled_out_error_and_trains_through_it():
     batch = _batch(history_len=4)
-    plain = _model(history_len=4)
-    rolled = _model(TINY.model_copy(update={"rollout_weight": 0.5}), history_len=4)
+    model = _model(history_len=4)
+    plain = Objective(model, TINY)
+    rolled = Objective(model, TINY.model_copy(update={"rollout_weight": 0.5}))
     torch.manual_seed(2)
-    base, base_parts = plain.loss(batch)
+    base_parts = plain(batch)
+    base = base_parts["loss"]
     torch.manual_seed(2)  # the same SIGReg directions
-    total, parts = rolled.loss(batch)
+    parts = rolled(batch)
+    total = parts["loss"]
     assert "rollout" not in base_parts and parts["rollout"] > 0
     assert total.item() == pytest.approx(base.item() + 0.5 * parts["rollout"].item(), rel=1e-5)
     # The rolled-out error differs from teacher forcing past the first step.
     assert parts["rollout"].item() != pytest.approx(parts["prediction"].item())
     total.backward()
-    assert rolled.predictor.out.weight.grad.abs().sum() > 0
+    assert model.predictor.out.weight.grad.abs().sum() > 0
 
 
 def test_a_full_disk_while_checkpointing_is_one_error_and_leaves_no_partial(tmp_path):
@@ -130,13 +135,20 @@ def test_a_full_disk_while_checkpointing_is_one_error_and_leaves_no_partial(tmp_
     from swmcli.models.checkpoint import checkpoint_path, save_checkpoint
 
     model = torch.nn.Linear(2, 2)
-    save_checkpoint(tmp_path, model=model, optimizer=None, step=1, model_args={}, config_text="{}")
+    save_checkpoint(
+        tmp_path, model=model.state_dict(), optimizer=None, step=1, model_args={}, config_text="{}"
+    )
     before = checkpoint_path(tmp_path).read_bytes()
     partial = tmp_path / "checkpoint.pt.partial"
     partial.symlink_to("/dev/full")  # every write there fails with ENOSPC, as on a full disk
     with pytest.raises(CheckpointError, match="cannot write the checkpoint"):
         save_checkpoint(
-            tmp_path, model=model, optimizer=None, step=2, model_args={}, config_text="{}"
+            tmp_path,
+            model=model.state_dict(),
+            optimizer=None,
+            step=2,
+            model_args={},
+            config_text="{}",
         )
     assert not partial.exists() and not partial.is_symlink()
     assert checkpoint_path(tmp_path).read_bytes() == before

@@ -116,7 +116,12 @@ def test_non_finite_weights_are_refused_on_load_and_never_saved(run_copy):
         model.weight[0, 0] = float("inf")
     with pytest.raises(CheckpointError, match=r"diverged.*step 2 is kept"):
         save_checkpoint(
-            run_copy, model=model, optimizer=None, step=3, model_args={}, config_text="{}"
+            run_copy,
+            model=model.state_dict(),
+            optimizer=None,
+            step=3,
+            model_args={},
+            config_text="{}",
         )
     assert path.read_bytes() == before  # the last good checkpoint stays
 
@@ -148,9 +153,14 @@ def test_resume_applies_runtime_flags_refuses_the_rest_and_restores_data_json(ru
     assert refused.exit_code == 2, refused.output
     assert "--resume cannot change data.frameskip (1 in the run, 2 given)" in refused.output
     (run_copy / "data.json").unlink()
+    metrics = run_copy / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join([lines[0].replace('"step"', '"st\x01p"'), *lines[1:]]))
     resumed = _swm("train", "--preset", "tiny", *out, "--resume", "--steps", "6", "--bf16")
     assert resumed.exit_code == 0, resumed.output
-    assert "data.json was missing: rewritten" in " ".join(resumed.output.split())
+    said = " ".join(resumed.output.split())
+    assert "data.json was missing: rewritten" in said
+    assert "1 damaged line(s) dropped" in said
     assert load_run_config(run_copy).runtime.bf16  # applied and saved with the run
     assert load_checkpoint(run_copy)["step"] == 6
     assert json.loads((run_copy / "data.json").read_text())["episodes"] == 10

@@ -6,6 +6,7 @@ import torch
 from swmcli.config import ModelConfig
 from swmcli.core.runner import choose_dtype, make_runner
 from swmcli.models import build_world_model
+from swmcli.models.protocol import Objective
 
 TINY = ModelConfig(
     latent_dim=16, cnn_width=8, predictor_dim=32, predictor_depth=1, predictor_heads=2
@@ -72,7 +73,7 @@ def test_bf16_autocast_trains_tiny_model():
     with runner.autocast():
         assert torch.is_autocast_enabled("cpu")
         latents = model.encode(batch["pixels"])
-        loss, _ = model.loss(batch)
+        loss = Objective(model, TINY)(batch)["loss"]
     assert latents.dtype == torch.bfloat16  # the encoder's last matmul ran in bf16
     loss.backward()
     assert torch.isfinite(loss)

@@ -6,7 +6,7 @@ One place used by train, eval and memprofile::
     model = runner.prepare(model)                 # on the device, compiled if asked
     batch = runner.to_device(numpy_or_tensor_batch)   # non-blocking, pixels stay uint8
     with runner.autocast():
-        loss, parts = model.loss(batch)
+        terms = objective(batch)       # protocol.Objective: the model's loss terms
     with runner.inference(model):                 # eval: no autograd at all
         ...
 
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+COMPILED_METHODS = ("encode", "predict")  # the world-model protocol's (models/protocol.py)
 
 
 @dataclass
@@ -42,19 +44,24 @@ class Runner:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move ``model`` to the device and, if asked, compile its encoder and predictor.
+        """Move ``model`` to the device and, if asked, compile its ``encode`` and ``predict``.
 
-        The two are compiled separately (their shapes differ: frames vs token sequences); the
-        plain modules stay the ones saved and the fallback when compilation fails.
+        The two are compiled separately (their shapes differ: frames vs token sequences), for
+        any protocol model; the plain module stays the one saved and the fallback when
+        compilation fails.
         """
         model.to(self.device)
         if self.compile:
-            model.use_compiled(torch.compile(model.encoder), torch.compile(model.predictor))
+            # Instance attributes shadow the methods: nothing enters the module tree or the
+            # state_dict, and ``eager`` deletes them to fall back to the plain methods.
+            for name in COMPILED_METHODS:
+                object.__setattr__(model, name, torch.compile(getattr(model, name)))
         return model
 
     def eager(self, model: torch.nn.Module) -> None:
-        """Drop the compiled wrappers: run the plain modules (the eval fallback)."""
-        model.use_compiled(None, None)
+        """Drop the compiled methods: run the plain ones (the eval fallback)."""
+        for name in COMPILED_METHODS:
+            model.__dict__.pop(name, None)
 
     def to_device(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """numpy arrays or tensors -> tensors on the device, copied without blocking.

@@ -36,6 +36,9 @@ class Variant:
     grad_free: bool = False  # eval only: requires_grad_(False) + inference_mode
     compile: bool = False
     ranks: int = 1  # data-parallel training: batch_size is global, each rank holds its share
+    checkpointing: str | None = None  # memory.levers: modules whose activations are recomputed
+    in_backward: bool = False  # memory.levers: the optimizer step fused into backward
+    shard: bool = False  # FSDP2 over the ranks: parameters, gradients, AdamW state sharded
 
     @property
     def rank_batch_size(self) -> int:
@@ -49,19 +52,47 @@ class Variant:
         precision = "bf16" if self.bf16 else "fp32"
         words = f"{precision} B={self.batch_size} H={self.history_len} F={self.frameskip}"
         if self.ranks > 1 and self.kind == "train":
-            words += f" / {self.ranks} ranks"
+            words += f" / {self.ranks} ranks" + (" sharded" if self.shard else "")
+        if self.checkpointing:
+            words += f" AC={self.checkpointing}"
+        if self.in_backward:
+            words += " opt-in-bwd"
         return words + " compiled" if self.compile else words
+
+
+def configured_variant(cfg: SwmConfig, batch_size: int) -> Variant:
+    """The training step ``cfg`` runs (precision, clips, ranks, levers) at ``batch_size``."""
+    runtime = cfg.runtime
+    return Variant(
+        "train",
+        runtime.bf16,
+        batch_size,
+        cfg.data.history_len,
+        cfg.data.frameskip,
+        ranks=runtime.nproc,
+        checkpointing=runtime.activation_checkpointing,
+        in_backward=runtime.optimizer_in_backward,
+        shard=runtime.shard and runtime.nproc > 1,
+    )
+
+
+def traced_micro_batches(cfg: SwmConfig, variant: Variant) -> int:
+    """Micro-batches a traced training step runs: two show every accumulation cost (the second
+    runs with the gradients alive); one where the optimizer steps in backward (no accumulation)."""
+    return 1 if variant.in_backward else min(cfg.train.grad_accum, 2)
 
 
 # --- the steps: the same code is traced on fake tensors and run on a GPU ------------------------
 
 
-def train_step(model, optimizer, batch, runner, grad_clip: float, micro_batches: int = 1) -> None:
+def train_step(
+    objective, optimizer, batch, runner, grad_clip: float, micro_batches: int = 1
+) -> None:
     """One optimizer step exactly as ``swm train`` takes it (its own ``optimizer_step``), with
     ``batch`` standing for each micro-batch: a later one runs with the gradients alive."""
     from swmcli.training import optimizer_step
 
-    optimizer_step(model, optimizer, [batch] * micro_batches, runner, grad_clip, micro_batches)
+    optimizer_step(objective, optimizer, [batch] * micro_batches, runner, grad_clip, micro_batches)
 
 
 def eval_step(model, batch, runner, grad_free: bool):
@@ -155,19 +186,24 @@ class PeakPredictor:
         self._peaks: dict[Variant, StepPeak] = {}
         self.seconds = 0.0
 
-    def model(self, history_len: int, frameskip: int):
-        """The real (CPU) world model for these clip settings; traces use fake copies of it."""
-        key = (history_len, frameskip)
+    def model(self, history_len: int, frameskip: int, checkpointing: str | None = None):
+        """The real (CPU) world model for these clip settings (its ``checkpointing`` modules
+        wrapped); traces use fake copies of it."""
+        key = (history_len, frameskip, checkpointing)
         if key not in self._models:
-            from swmcli.models import build_world_model
+            from swmcli.memory.levers import checkpoint_activations
+            from swmcli.models.protocol import build_model
 
-            self._models[key] = build_world_model(
-                self.cfg.model,
-                resolution=self.cfg.env.resolution,
-                action_dim=self.action_dim,
-                frameskip=frameskip,
-                history_len=history_len,
-            )
+            shape = {
+                "resolution": self.cfg.env.resolution,
+                "action_dim": self.action_dim,
+                "frameskip": frameskip,
+                "history_len": history_len,
+            }
+            model = build_model(self.cfg.model, shape)
+            if checkpointing:
+                checkpoint_activations(model, checkpointing)
+            self._models[key] = model
         return self._models[key]
 
     def predict(self, variant: Variant) -> StepPeak:
@@ -182,12 +218,13 @@ class PeakPredictor:
             from swmcli.models.global_batch import simulated_ranks
 
             start = time.perf_counter()
-            model = self.model(variant.history_len, variant.frameskip)
+            model = self.model(variant.history_len, variant.frameskip, variant.checkpointing)
             data_parallel = variant.kind == "train" and variant.ranks > 1
             with simulated_ranks(variant.ranks if data_parallel else 1):
                 peak = trace_step_peak(model, self.step_maker(variant))
             if data_parallel:
-                peak = _with_ddp_buckets(peak, model)
+                add = _with_shards if variant.shard else _with_ddp_buckets
+                peak = add(peak, model, variant.ranks)
             self._peaks[variant] = peak
             self.seconds += time.perf_counter() - start
         return self._peaks[variant]
@@ -198,18 +235,19 @@ class PeakPredictor:
 
     def _train_maker(self, variant: Variant) -> Callable:
         def make(model):
-            from swmcli.training import make_optimizer
+            from swmcli.memory.levers import make_optimizer
+            from swmcli.models.protocol import Objective
 
             batch = clip_batch(self.step, variant)
-            optimizer = make_optimizer(model, self.cfg.train)
+            objective = Objective(model, self.cfg.model)
+            optimizer = make_optimizer(model, self.cfg.train, variant.in_backward)
             runner = TraceRunner(variant.bf16)
             grad_clip = self.cfg.train.grad_clip
-            # Two micro-batches show all accumulation costs: the second runs with gradients alive.
-            micro_batches = min(self.cfg.train.grad_accum, 2)
+            micro_batches = traced_micro_batches(self.cfg, variant)
 
             def run() -> None:
                 for _ in range(2):  # the second step runs with optimizer state, as training does
-                    train_step(model, optimizer, batch, runner, grad_clip, micro_batches)
+                    train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
 
             return batch, run
 
@@ -235,11 +273,32 @@ def ddp_bucket_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def _with_ddp_buckets(peak: StepPeak, model) -> StepPeak:
+def _with_ddp_buckets(peak: StepPeak, model, ranks: int) -> StepPeak:
     # Allocated when DDP wraps the model and kept for the run: alive at every step's peak.
     buckets = ddp_bucket_bytes(model)
     by_category = {**peak.by_category, "ddp_buckets": buckets}
     return replace(peak, peak_bytes=peak.peak_bytes + buckets, by_category=by_category)
+
+
+def _with_shards(peak: StepPeak, model, ranks: int) -> StepPeak:
+    """One rank's peak under FSDP2 (``levers.shard``), from the unsharded trace: parameters,
+    gradients and AdamW state are ``1/ranks`` each, plus what FSDP holds whole: the root's
+    weights (gathered for the whole step), its unsharded gradients and their flat reduce-scatter
+    copy (3x the root), and two blocks' weights and gradients (the one computing and the one
+    prefetched: 4x the largest block)."""
+    from swmcli.memory.levers import blocks
+
+    def weights(module) -> int:
+        return sum(p.numel() * p.element_size() for p in module.parameters())
+
+    block_bytes = [weights(block) for block in blocks(model)]
+    root = weights(model) - sum(block_bytes)
+    gathered = 3 * root + 4 * max(block_bytes, default=0)
+    by_category = dict(peak.by_category)
+    for category in ("parameters", "gradients", "optimizer_state"):
+        by_category[category] = -(-by_category[category] // ranks)
+    by_category["fsdp_gathered"] = gathered
+    return replace(peak, peak_bytes=sum(by_category.values()), by_category=by_category)
 
 
 def largest_fitting(need: Callable[[int], int], budget: int, known: dict[int, int]) -> int:
@@ -304,14 +363,7 @@ def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device
     available = torch.cuda.mem_get_info(device)[0] if on_cuda else host_share
 
     def need(batch_size: int) -> int:
-        variant = Variant(
-            "train",
-            cfg.runtime.bf16,
-            batch_size,
-            cfg.data.history_len,
-            cfg.data.frameskip,
-            ranks=ranks,
-        )
+        variant = configured_variant(cfg, batch_size)
         if on_cuda:
             return predictor.needed_bytes(variant)
         return predictor.predict(variant).peak_bytes

@@ -25,6 +25,7 @@ CATEGORIES = (
     "activations",
     "temporaries",
     "ddp_buckets",  # data-parallel only: DDP's flat gradient buffers, added by the predictor
+    "fsdp_gathered",  # sharded only: the whole weights FSDP gathers, added by the predictor
 )
 
 #: The CUDA caching allocator hands out blocks in multiples of 512 bytes; max_memory_allocated

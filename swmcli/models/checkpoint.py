@@ -40,17 +40,17 @@ def checkpoint_path(run_dir: Path) -> Path:
 def save_checkpoint(
     run_dir: Path,
     *,
-    model,
-    optimizer,
+    model: dict,
+    optimizer: dict | None,
     step: int,
     model_args: dict[str, int],
     config_text: str,
     data_fingerprint: dict | None = None,
 ) -> Path:
-    """Write model, optimizer, step, RNG state, config and data fingerprint, verified and
-    atomically; returns the checkpoint's path.
+    """Write the model's and optimizer's state dicts, step, RNG state, config and data
+    fingerprint, verified and atomically; returns the checkpoint's path.
 
-    ``model_args`` are the keyword arguments of ``build_world_model`` besides the config
+    ``model_args`` are the clip shape ``protocol.build_model`` takes besides the config
     (resolution, action_dim, frameskip, history_len), so eval rebuilds the model from the run
     alone. ``config_text`` is what ``config.json`` holds (written after the checkpoint when it
     differs). Non-finite weights or optimizer state are refused: the last checkpoint is kept.
@@ -62,8 +62,8 @@ def save_checkpoint(
         "format": FORMAT_VERSION,
         "step": step,
         "model_args": dict(model_args),
-        "model": _to_cpu(model.state_dict()),
-        "optimizer": _to_cpu(optimizer.state_dict()) if optimizer is not None else None,
+        "model": _to_cpu(model),
+        "optimizer": _to_cpu(optimizer) if optimizer is not None else None,
         "rng_torch": torch.get_rng_state(),
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "config": config_text,

@@ -14,6 +14,9 @@ to zero (collapse). Two regularizers are offered:
 
 import torch
 
+from swmcli.models.global_batch import gather_rows
+from swmcli.models.protocol import rollout
+
 SIGREG_SLICES = 256  # random directions per step
 SIGREG_KNOTS = 17  # quadrature points t in [0, SIGREG_T_MAX] for the characteristic function
 SIGREG_T_MAX = 3.0
@@ -59,3 +62,49 @@ REGULARIZERS = {"sigreg": sigreg, "vicreg": vicreg}
 def prediction_loss(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean squared error between predicted and actual next latents (in float32)."""
     return torch.nn.functional.mse_loss(predicted.float(), target.float())
+
+
+def effective_rank(latents: torch.Tensor) -> torch.Tensor:
+    """exp(entropy) of the normalized singular values of centred ``latents (N, D)``.
+
+    D for a spread-out (isotropic) cloud, 1 when every latent lies on one line: a collapse
+    measure that per-dimension normalization (the encoder's BatchNorm) cannot hide.
+    """
+    centred = latents.float() - latents.float().mean(0)
+    singular = torch.linalg.svdvals(centred)
+    weights = singular / singular.sum().clamp_min(1e-12)
+    entropy = -(weights * weights.clamp_min(1e-12).log()).sum()
+    return entropy.exp()
+
+
+def jepa_loss(
+    model, batch: dict[str, torch.Tensor], regularizer: str, weight: float, rollout_weight: float
+) -> dict[str, torch.Tensor]:
+    """swm's training loss for any protocol model: MSE to the next latents + weight * regularizer.
+
+    With ``rollout_weight`` > 0, plus that weight times the MSE of the predictor rolled out
+    from the clip's first latent on its own predictions (the multi-step loss: planning
+    imagines several blocks ahead, and teacher forcing alone never trains that).
+    Returns ``loss`` (minimized) and its parts (detached) for logging: ``prediction``,
+    ``regularizer``, ``rollout`` (when used) and ``latent_rank`` (effective rank of the batch's
+    latents; near 1 = collapse).
+    """
+    latents = model.encode(batch["pixels"])
+    actions = batch["action"][:, :-1].float()
+    predicted = model.predict(latents[:, :-1], actions)
+    prediction = prediction_loss(predicted, latents[:, 1:])
+    # The regularizer is a statistic of the whole batch: every rank's latents under DDP.
+    flat = gather_rows(latents.reshape(-1, latents.shape[-1]))
+    spread = REGULARIZERS[regularizer](flat)
+    total = prediction + weight * spread
+    terms = {
+        "prediction": prediction.detach(),
+        "regularizer": spread.detach(),
+        "latent_rank": effective_rank(flat.detach()),
+    }
+    if rollout_weight > 0:
+        imagined = rollout(model, latents[:, :1], actions[:, :0], actions)
+        multi_step = prediction_loss(imagined, latents[:, 1:])
+        total = total + rollout_weight * multi_step
+        terms["rollout"] = multi_step.detach()
+    return {"loss": total, **terms}

@@ -1,0 +1,86 @@
+"""The model protocol: a model brought with --model trains, plans in eval and is named when
+it lacks a method; swm's own model goes through the same code path."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from swmcli.cli import app
+from swmcli.config import load_run_config, resolve_config
+from swmcli.errors import UsageError
+from swmcli.evaluate import run_eval
+from swmcli.memory.measure import MemoryMonitor
+from swmcli.models.protocol import build_model, load_factory
+from swmcli.train import run_train
+
+MODELS = Path(__file__).parent / "models" / "mlp_world_model.py"
+SHAPE = {"resolution": 32, "action_dim": 2, "frameskip": 1, "history_len": 3}
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _train(tiny_data, run_dir: Path, factory: str) -> list[dict]:
+    flags = {"data.path": tiny_data, "train.out": run_dir, "train.log_every": 1}
+    run_train(resolve_config("tiny", flags={**flags, "model.factory": factory}), MemoryMonitor())
+    rows = _metrics(run_dir)
+    first = np.mean([row["loss"] for row in rows[:5]])
+    last = np.mean([row["loss"] for row in rows[-5:]])
+    assert last < 0.8 * first, (first, last)
+    return rows
+
+
+def test_a_user_model_trains_with_its_own_loss_and_plans_on_tworoom(
+    tiny_data, tmp_path, monkeypatch
+):
+    run_dir = tmp_path / "run"
+    monkeypatch.chdir(Path(__file__).parent)  # a relative path, as a user types it
+    rows = _train(tiny_data, run_dir, "models/mlp_world_model.py:build")
+    assert "consistency" in rows[-1]  # its own loss's terms
+    # Saved with an absolute path: eval finds the model from anywhere.
+    assert load_run_config(run_dir).model.factory == f"{MODELS}:build"
+    monkeypatch.chdir(tmp_path)
+    result = run_eval(run_dir, MemoryMonitor(), sets=["eval.episodes=2"])
+    assert result.fields["episodes"] == 2
+    assert 0 <= result.fields["success_rate"] <= 1
+
+
+def test_a_frozen_encoder_model_trains_its_predictor_with_swms_loss(tiny_data, tmp_path):
+    rows = _train(tiny_data, tmp_path / "run", f"{MODELS}:build_frozen")
+    assert "prediction" in rows[-1] and "regularizer" in rows[-1]  # swm's JEPA terms
+
+
+def test_factories_get_their_keyword_arguments_and_the_shape_they_name():
+    cfg = resolve_config(
+        "tiny", sets=[f'model.factory="{MODELS}:build"', "model.kwargs.latent_dim=12"]
+    )
+    model = build_model(cfg.model, SHAPE)
+    assert model.encoder[-1].out_features == 12
+    assert model.dynamics[0].in_features == 12 + 2  # latent + one action block (frameskip 1)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nowhere", "is not module:function"),
+        ("no_such_package.models:build", "cannot import 'no_such_package.models'"),
+        (f"{MODELS}:nothing", "has no function 'nothing'"),
+        ("missing/file.py:build", "missing/file.py does not exist"),
+    ],
+)
+def test_a_bad_factory_is_one_line(spec, message):
+    with pytest.raises(UsageError, match=message):
+        load_factory(spec)
+
+
+def test_a_model_lacking_a_method_is_named_on_the_command_line(tiny_data, tmp_path):
+    flags = ["--preset", "tiny", "--data", str(tiny_data), "--out", str(tmp_path / "r")]
+    flags += ["--model", f"{MODELS}:build_without_predict"]
+    result = CliRunner().invoke(app, ["train", *flags])
+    assert result.exit_code == 2
+    assert "has no method predict(latents, actions) -> next latents" in result.output
+    assert "Traceback" not in result.output
