@@ -33,6 +33,7 @@ CHUNK = 64
 CHUNK_SECONDS = 300  # 64 flips take seconds: a child still running then has hung
 OUTCOMES = ("error", "intact", "SILENT")  # tests/flip_sweep.py's words
 NAMES = {"lance": "d.lance", "hdf5": "d.h5", "folder": "d"}
+ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
 
 
 def main() -> None:
@@ -46,7 +47,9 @@ def main() -> None:
             source = Path(scratch) / NAMES[fmt]
             write(source, [make_episode(seed, 6, resolution=8) for seed in range(4)], fmt=fmt)
             targets = _every_nth(source, args.stride)
-            counts = sweep(source, Path(scratch) / "work", targets)
+            child = [sys.executable, str(ROOT / "tests" / "flip_sweep.py"), str(source),
+                     str(Path(scratch) / "work")]  # fmt: skip
+            counts = sweep(child, targets, ENV)
         files = len({target.rsplit(":", 1)[0] for target in targets})
         print(f"{fmt}: {files} files, {len(targets)} flips: {_words(counts)}", flush=True)
         for kind, count in counts.items():
@@ -67,17 +70,18 @@ def _words(counts: dict[str, int]) -> str:
     return ", ".join(f"{kind} {count}" for kind, count in sorted(counts.items())) or "nothing"
 
 
-def sweep(source: Path, work: Path, targets: list[str]) -> dict[str, int]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+def sweep(child: list[str], targets: list[str], env: dict[str, str]) -> dict[str, int]:
+    """``{outcome: count}`` of ``targets`` ("FILE:OFFSET"), each chunk flipped by one child process
+    (``child + chunk``, printing one "FILE:OFFSET OUTCOME" line a flip). A child that dies or is
+    still running after ``CHUNK_SECONDS`` counts its flip as a crash or a hang; the sweep goes on
+    after it. ``benchmarks/run_damage_sweep.py`` sweeps run directories with the same loop."""
     counts: dict[str, int] = {}
     for first in range(0, len(targets), CHUNK):
         todo = targets[first : first + CHUNK]
         while todo:
-            command = [sys.executable, str(ROOT / "tests" / "flip_sweep.py"), str(source),
-                       str(work), *todo]  # fmt: skip
             try:
                 done = subprocess.run(
-                    command, capture_output=True, text=True, errors="replace", env=env,
+                    [*child, *todo], capture_output=True, text=True, errors="replace", env=env,
                     timeout=CHUNK_SECONDS,
                 )  # fmt: skip
                 stdout, returncode, stderr = done.stdout, done.returncode, done.stderr
