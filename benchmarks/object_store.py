@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swmcli.core.data import load_dataset
 from swmcli.core.storage import open_writer
-from swmcli.core.storage.location import filesystem, nbytes_under
+from swmcli.core.storage.location import as_location, filesystem, nbytes_under
 
 
 @contextmanager
@@ -103,7 +103,7 @@ def run(args, prefix: str, scratch: Path) -> None:
         firsts[name] = rows[name].pop("first")
         print(
             f"{name:<13} {rows[name]['clips_per_s']:>8.0f} {rows[name]['first_batch_s']:>10.2f}s"
-            f" {nbytes_under(where) / 2**20:>7.1f} MiB"
+            f" {nbytes_under(as_location(where)) / 2**20:>7.1f} MiB"
         )
     ratio = rows["object store"]["clips_per_s"] / rows["local"]["clips_per_s"]
     local, remote = firsts["local"], firsts["object store"]
