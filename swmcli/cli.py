@@ -144,15 +144,10 @@ def convert(
         str | None, typer.Option(help="lance, hdf5 (or h5) or folder (default: DST suffix)")
     ] = None,
     keys: Annotated[str | None, typer.Option(help="comma-separated keys to keep")] = None,
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="replace DST if it exists")
-    ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace DST if present")] = False,
     map_: MapOption = None,
     layout: Annotated[
-        str,
-        typer.Option(
-            help="swm; stable-worldmodel (its Lance or HDF5, by DST suffix); lerobot (v3)"
-        ),
+        str, typer.Option(help="swm; stable-worldmodel (Lance or HDF5, by DST suffix); lerobot v3")
     ] = "swm",
     skip_damaged: Annotated[
         bool, typer.Option("--skip-damaged", help="leave out episodes that fail their checksum")
@@ -277,9 +272,7 @@ def memprofile(
     settings: dict,
     sources: tuple,
     run: Annotated[Path | None, typer.Option(help="profile a trained run's config")] = None,
-    snapshot: Annotated[
-        Path | None, typer.Option(help="write a CUDA memory snapshot (GPU)")
-    ] = None,
+    snapshot: Annotated[Path | None, typer.Option(help="write a CUDA memory snapshot")] = None,
     as_json: Json = False,
 ) -> None:
     """Predict (CPU) and measure (GPU) peak memory per technique; the largest batch that fits."""
@@ -293,13 +286,9 @@ def memprofile(
     )
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> None:
     """Console-script entry point. SIGTERM stops as Ctrl-C does: finished work is kept, exit 130."""
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         app()
     finally:
