@@ -18,7 +18,7 @@ import typer
 
 from swmcli import __version__
 from swmcli.errors import SwmError, describe_unexpected
-from swmcli.options import Sets, SwmGroup, add_command
+from swmcli.options import Sets, SwmGroup, add_command, renamed_settings_said
 
 app = typer.Typer(
     name="swm",
@@ -86,7 +86,7 @@ def _run(
     from swmcli.config import resolve_config
     from swmcli.memory.measure import MemoryMonitor
 
-    with error_boundary():
+    with error_boundary(), renamed_settings_said():
         if config is not None:
             arguments["cfg"] = resolve_config(*config)
         module, _, name = job.partition(":")

@@ -7,6 +7,7 @@ and nowhere else. Each run directory keeps its resolved config as ``config.json`
 
 import json
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -485,16 +486,22 @@ RENAMED = {
 }
 
 
+class RenamedSetting(FutureWarning):
+    """An old setting's name, loaded under its new one (``RENAMED``); the CLI shows it as a
+    ``warning:`` line."""
+
+
 def upgrade(tree: dict[str, Any]) -> dict[str, Any]:
     """``tree`` (nested settings, changed in place) with each old key under its new name and
-    the meaning it had. Online's ring once defaulted to the collect buffer's cap: an old config
-    that sets that cap keeps its ring."""
+    the meaning it had, each said once as a ``RenamedSetting`` warning. Online's ring once
+    defaulted to the collect buffer's cap: an old config that sets that cap keeps its ring."""
     collect_cap = tree.get("collect", {}).get("max_steps")
     for old, new_keys in RENAMED.items():
         section, key = old.split(".")
         node = tree.get(section)
         if not isinstance(node, dict) or key not in node:
             continue
+        warnings.warn(f"{old} is now {' and '.join(new_keys)}", RenamedSetting, stacklevel=2)
         value = node.pop(key)
         for new in new_keys:
             if value is not None:

@@ -7,6 +7,7 @@ names types in words, and bad usage as swm's own one-line error.
 """
 
 import inspect
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from swmcli.config import SwmConfig
+from swmcli.config import RenamedSetting, SwmConfig
 
 # The settings each command's options set, in --help order.
 SETTINGS = {
@@ -165,6 +166,25 @@ class _HelpInWords(TyperCommand):
         """``[OPTIONS] SRC DST``: arguments by name, as a shell user reads them."""
         names = [p.name.upper() for p in self.get_params(ctx) if p.param_type_name == "argument"]
         return [self.options_metavar, *names]
+
+
+@contextmanager
+def renamed_settings_said() -> Iterator[None]:
+    """An old setting's name (``config.RenamedSetting``) said once, as swm's ``warning:`` line."""
+    from swmcli import report
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("once", RenamedSetting)
+        show = warnings.showwarning
+
+        def said(message, category, *args, **kwargs) -> None:
+            if issubclass(category, RenamedSetting):
+                report.warn(f"{message}: the old name still loads; use the new one")
+            else:
+                show(message, category, *args, **kwargs)
+
+        warnings.showwarning = said
+        yield
 
 
 def add_command(

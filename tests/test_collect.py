@@ -90,6 +90,8 @@ def test_buffer_cap_evicts_whole_episodes_while_collecting(tmp_path):
     report = json.loads(result.stdout)
     assert report["evicted_episodes"] > 0
     assert report["dataset_episodes"] == 6, "eviction never loses what is already on disk"
+    # --max-steps is the old name of --buffer-steps: it still works, and says the new name once.
+    assert result.stderr.count("warning: collect.max_steps is now collect.buffer_steps") == 1
 
 
 def test_budget_refused_before_anything_is_written(tmp_path):

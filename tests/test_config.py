@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from swmcli.config import (
+    RenamedSetting,
     SwmConfig,
     load_run_config,
     preset_names,
@@ -225,7 +226,13 @@ def test_an_old_run_directory_loads_with_each_setting_under_its_new_name(tmp_pat
 def test_old_keys_in_presets_files_and_sets_load_under_their_new_names(tmp_path):
     old_preset = tmp_path / "old.toml"
     old_preset.write_text("[collect]\nmax_steps = 4000\n[eval]\nmax_steps = 20\n")
-    cfg = resolve_config(config_file=old_preset, sets=["data.max_steps=900"])
+    with pytest.warns(RenamedSetting) as said:
+        cfg = resolve_config(config_file=old_preset, sets=["data.max_steps=900"])
+    assert {str(w.message) for w in said} == {
+        "collect.max_steps is now collect.buffer_steps",
+        "eval.max_steps is now eval.step_budget",
+        "data.max_steps is now data.memory_steps and online.ring_steps",
+    }
     assert (cfg.collect.buffer_steps, cfg.eval.step_budget) == (4000, 20)
     assert (cfg.data.memory_steps, cfg.online.ring_steps) == (900, 900)
     cfg = resolve_config(config_file=old_preset, sets=["collect.buffer_steps=50"])
