@@ -174,14 +174,15 @@ def renamed_settings_said() -> Iterator[None]:
     from swmcli import report
 
     with warnings.catch_warnings():
-        warnings.simplefilter("once", RenamedSetting)
-        show = warnings.showwarning
+        warnings.simplefilter("always", RenamedSetting)  # each command says each rename once
+        show, shown = warnings.showwarning, set()
 
         def said(message, category, *args, **kwargs) -> None:
-            if issubclass(category, RenamedSetting):
-                report.warn(f"{message}: the old name still loads; use the new one")
-            else:
+            if not issubclass(category, RenamedSetting):
                 show(message, category, *args, **kwargs)
+            elif str(message) not in shown:
+                shown.add(str(message))
+                report.warn(f"{message}: the old name still loads; use the new one")
 
         warnings.showwarning = said
         yield
