@@ -493,7 +493,8 @@ class RenamedSetting(FutureWarning):
 
 def upgrade(tree: dict[str, Any]) -> dict[str, Any]:
     """``tree`` (nested settings, changed in place) with each old key under its new name and
-    the meaning it had, each said once as a ``RenamedSetting`` warning. Online's ring once
+    the meaning it had, each one reported as a ``RenamedSetting`` warning (the CLI says each
+    once per command). Online's ring once
     defaulted to the collect buffer's cap: an old config that sets that cap keeps its ring."""
     collect_cap = tree.get("collect", {}).get("max_steps")
     for old, new_keys in RENAMED.items():
