@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from swmcli.core.buffer import ReplayBuffer
-from swmcli.memory.measure import available_host_bytes
+from swmcli.data.buffer import ReplayBuffer
+from swmcli.host import available_host_bytes
 
 HISTORY_LEN, FRAMESKIP, BATCH, EPISODE_LEN, ACTION_DIM = 4, 2, 64, 200, 2
 

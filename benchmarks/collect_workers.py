@@ -17,7 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from swmcli.collect import run_collect
+from swmcli.commands.collect import run_collect
 from swmcli.config import resolve_config
 from swmcli.memory.measure import MemoryMonitor
 

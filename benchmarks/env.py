@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from swmcli.envs import TWOROOM_ID, make_env
+from swmcli.envs.make import TWOROOM_ID, make_env
 from swmcli.envs.policies import make_policy
 
 TARGETS = {64: 5_000, 224: 1_500}

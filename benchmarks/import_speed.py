@@ -34,14 +34,15 @@ from loader import (  # benchmarks/loader.py: the same rows, the same settings
     stream_in_child,
 )
 
-from swmcli.core.data import load_dataset
-from swmcli.core.storage import nbytes_under, open_writer
+from swmcli.data.formats import open_writer
+from swmcli.data.storage.location import nbytes_under
+from swmcli.data.streaming import load_dataset
 from swmcli.memory.measure import peak_rss_bytes
 
 
 def write_upstream_layout(args, scratch: Path) -> Path:
     """The synth episodes in upstream's Lance layout, written by swm's export (no upstream)."""
-    from swmcli.core.storage.foreign.export import export_dataset
+    from swmcli.data.exports.layouts import export_dataset
 
     make_episode = load_synth(args.bench_dir)
     native = scratch / "native.lance"
@@ -73,7 +74,7 @@ def in_child(function):
 
 def convert(src: Path, dst: Path) -> float:
     """``swm convert`` (``copy_dataset``): its seconds."""
-    from swmcli.core.storage.copy import copy_dataset
+    from swmcli.data.copy import copy_dataset
 
     start = time.perf_counter()
     copy_dataset(src, dst)

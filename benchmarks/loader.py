@@ -7,7 +7,7 @@ loader (stable-worldmodel 0.1.1), on the very same episodes, in one run.
 The episodes are ``make_episode(seed)`` from ``../shared/bench/synth.py`` (40 x 100 steps of
 224x224 frames that compress like a simple rendered scene); every row reads clips of history 4,
 frameskip 2, batch 64, with 2 readers: reader threads (``make_loader``'s default, the rows named by
-their format) or DataLoader worker processes (``data.workers = "processes"``, the ", processes"
+their format) or DataLoader worker processes (``data.worker_kind = "processes"``, the ", processes"
 rows); the buffer is read in-process, as ``make_loader`` does for it. The ", unchecked" rows read
 without checking each row against its checksum: the checked rows' cost is measured against them.
 Each row runs in a fresh forked process (as a new ``swm train`` would) and prints clips/s after two
@@ -47,10 +47,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swmcli.core.buffer import ReplayBuffer  # noqa: E402
-from swmcli.core.clips import action_rows, observation_rows  # noqa: E402
-from swmcli.core.data import ClipDataset, load_dataset, make_loader  # noqa: E402
-from swmcli.core.storage import nbytes_under, open_reader, open_writer  # noqa: E402
+from swmcli.data.buffer import ReplayBuffer  # noqa: E402
+from swmcli.data.clips import action_rows, observation_rows  # noqa: E402
+from swmcli.data.formats import open_reader, open_writer  # noqa: E402
+from swmcli.data.storage.location import nbytes_under  # noqa: E402
+from swmcli.data.streaming import ClipDataset, load_dataset, make_loader  # noqa: E402
 from swmcli.memory.measure import peak_rss_bytes  # noqa: E402
 from swmcli.units import format_bytes  # noqa: E402
 
@@ -333,7 +334,7 @@ def where_time_goes(name: str, path: Path, seed: int) -> None:
 CONVERT = """
 import sys, threading, time
 from swmcli.memory.measure import peak_rss_bytes
-from swmcli.core.storage.copy import copy_dataset
+from swmcli.data.copy import copy_dataset
 samples, done = [], threading.Event()
 def sample():  # the peak so far, every 20 ms
     while not done.wait(0.02):

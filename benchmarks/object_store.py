@@ -30,9 +30,9 @@ from loader import BATCH, FRAMESKIP, HISTORY_LEN, ROOT, WORKERS, load_synth, str
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from swmcli.core.data import load_dataset
-from swmcli.core.storage import open_writer
-from swmcli.core.storage.location import as_location, filesystem, nbytes_under
+from swmcli.data.formats import open_writer
+from swmcli.data.storage.location import as_location, filesystem, nbytes_under
+from swmcli.data.streaming import load_dataset
 
 
 @contextmanager

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from swmcli.envs import make_env
+from swmcli.envs.make import make_env
 from swmcli.envs.policies import make_policy
 
 PUSHT = "gym_pusht:gym_pusht/PushT-v0"

@@ -30,9 +30,9 @@ def build(args):
     import torch
 
     from swmcli.config import resolve_config
-    from swmcli.core.runner import make_runner
     from swmcli.memory.levers import make_optimizer
-    from swmcli.models.protocol import Objective, build_model
+    from swmcli.models.interface import Objective, build_model
+    from swmcli.models.runner import make_runner
 
     cfg = resolve_config("tworoom-64", flags={"train.batch_size": args.batch_size})
     shape = {"resolution": 64, "action_dim": 2, "frameskip": cfg.data.frameskip}
@@ -52,9 +52,9 @@ def build(args):
 
 def timed(name, steps, cfg, objective, optimizer, runner, batch):
     """Seconds per step of ``steps`` steps in one monitored phase, and its live-tensor peak."""
+    from swmcli.commands.train import TRACKED_STEADY_STEPS
     from swmcli.memory.measure import MemoryMonitor
-    from swmcli.train import TRACKED_STEADY_STEPS
-    from swmcli.training import optimizer_step
+    from swmcli.training.step import optimizer_step
 
     tracked = TRACKED_STEADY_STEPS if name == "first steps tracked" else steps
     monitor = MemoryMonitor(track_tensors=name != "untracked")

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 COLLECT = """
 import sys
-from swmcli.collect import run_collect
+from swmcli.commands.collect import run_collect
 from swmcli.config import resolve_config
 from swmcli.memory.measure import MemoryMonitor
 flags = {"collect.out": sys.argv[1], "collect.episodes": int(sys.argv[2])}
@@ -51,9 +51,9 @@ def collect(out: Path, episodes: int) -> None:
 
 def train_row(cfg, in_memory: bool | None, run_dir: Path) -> dict:
     """One `swm train` run: its steady clips/s, its wall time and its losses."""
+    from swmcli.commands.train import run_train
     from swmcli.config import with_settings
     from swmcli.memory.measure import MemoryMonitor
-    from swmcli.train import run_train
 
     if not cfg.online.enabled:
         cfg = with_settings(cfg, {"data.in_memory": in_memory})
@@ -79,19 +79,19 @@ def online_row(cfg, scratch: Path) -> dict:
         "online.enabled": True,
         "online.record": scratch / "online.lance",
         "online.warmup_steps": cfg.train.batch_size,
-        "data.memory_steps": 20_000,
+        "data.newest_steps": 20_000,
     }
     return train_row(with_settings(cfg, flags), None, scratch / "online")
 
 
 def ceiling_row(cfg) -> dict:
     """The same optimizer steps on one constant device batch: no loader, nothing to wait for."""
-    from swmcli.core.data import make_loader
-    from swmcli.core.runner import make_runner
-    from swmcli.core.source import load_clips
-    from swmcli.memory.levers import make_optimizer
-    from swmcli.models.protocol import Objective
-    from swmcli.training import build_model, open_training_data, optimizer_step
+    from swmcli.data.streaming import make_loader
+    from swmcli.memory.levers import build_model, make_optimizer
+    from swmcli.models.interface import Objective
+    from swmcli.models.runner import make_runner
+    from swmcli.training.sources import load_clips, open_training_data
+    from swmcli.training.step import optimizer_step
 
     dataset, _, metadata = open_training_data(cfg)
     buffer = load_clips(dataset, budget=2**40, seed=0)

@@ -7,12 +7,13 @@ only when first used.
 __version__ = "0.1.0"
 
 _LAZY = {
-    "ReplayBuffer": "swmcli.core.buffer",
+    "ReplayBuffer": "swmcli.data.buffer",
     "BudgetExceeded": "swmcli.errors",
     "SwmError": "swmcli.errors",
-    "load_dataset": "swmcli.core.data",
-    "open_writer": "swmcli.core.storage",
-    "open_reader": "swmcli.core.storage",
+    "load_dataset": "swmcli.data.streaming",
+    "make_loader": "swmcli.data.streaming",
+    "open_writer": "swmcli.data.formats",
+    "open_reader": "swmcli.data.formats",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -1,3 +1,3 @@
-from swmcli.cli import main
+from swmcli.cli.app import main
 
 main()

@@ -72,7 +72,7 @@ DatasetPath = Annotated[Path | str, BeforeValidator(_dataset_location)]
 class Section(BaseModel):
     # Frozen: a resolved config is never edited; a derived one is made by ``with_settings``.
     # No NaN or infinity in any number: an infinite learning rate would only fail deep inside.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
 
 class EnvConfig(Section):
@@ -94,15 +94,16 @@ class CollectConfig(Section):
     """`swm collect`: roll out a policy through the capped ReplayBuffer into a dataset."""
 
     episodes: PositiveInt | None = Field(
-        None, description="finished episodes to collect; default: fill --buffer-steps"
+        None, description="finished episodes to collect; default: fill --max-steps"
     )
     steps: PositiveInt | None = Field(
-        None, description="collect exactly this many steps; default: --buffer-steps"
+        None, description="collect exactly this many steps; default: --max-steps"
     )
-    buffer_steps: PositiveInt = Field(
+    max_steps: PositiveInt = Field(
         200_000,
-        description="the collect ReplayBuffer's capacity in steps (host RAM); without "
-        "--episodes or --steps, collect stops once this many steps are written",
+        description="the ReplayBuffer's capacity in steps (host RAM), as "
+        "ReplayBuffer(max_steps=...); without --episodes or --steps, collect stops once this "
+        "many steps are written",
     )
     policy: Annotated[str, _policy_name("expert", "random")] = Field(
         "expert",
@@ -144,7 +145,7 @@ class DataConfig(Section):
     num_workers: int = Field(
         2, ge=0, description="readers of the streamed data (0: read between training steps)"
     )
-    workers: Literal["threads", "processes"] = Field(
+    worker_kind: Literal["threads", "processes"] = Field(
         "threads",
         description="readers as threads of the trainer (fastest: no copy through shared "
         "memory) or DataLoader worker processes (a decoder crash on damaged data then kills "
@@ -179,10 +180,10 @@ class DataConfig(Section):
         le=1,
         description="without --ram-budget, the share of available RAM the buffer may take",
     )
-    memory_steps: PositiveInt | None = Field(
+    newest_steps: PositiveInt | None = Field(
         None,
-        description="training in memory: keep the newest training episodes that fit in this "
-        "many steps (default: all of them)",
+        description="train on the newest training episodes whose steps add up to at most this "
+        "(streamed or in memory; default: all of them)",
     )
 
     @field_validator("ram_budget", mode="before")
@@ -345,8 +346,10 @@ class OnlineConfig(Section):
     warmup_steps: int = Field(
         1000, ge=0, description="env steps collected before the first optimizer step"
     )
-    ring_steps: PositiveInt = Field(
-        200_000, description="the online ReplayBuffer's capacity in steps: a ring of the newest"
+    max_steps: PositiveInt = Field(
+        200_000,
+        description="the online ReplayBuffer's capacity in steps, as collect's --max-steps: a "
+        "ring of the newest episodes",
     )
     record: DatasetPath | None = Field(
         None,
@@ -478,10 +481,15 @@ MOVED_TO_RUNTIME = {
 
 #: Settings renamed so that each name has one meaning: old key -> the new keys it sets. Old
 #: presets, config files, ``--set`` items and run directories keep loading through this table.
+#: ``max_steps`` is a ReplayBuffer's capacity wherever it appears (the user's word, and
+#: ``ReplayBuffer(max_steps=)``'s): collect's buffer and online training's ring.
 RENAMED = {
-    "collect.max_steps": ("collect.buffer_steps",),
-    # It capped whichever buffer training read from: the in-memory one or online's ring.
-    "data.max_steps": ("data.memory_steps", "online.ring_steps"),
+    "collect.buffer_steps": ("collect.max_steps",),
+    "online.ring_steps": ("online.max_steps",),
+    # It capped whichever buffer training read from: the newest episodes or online's ring.
+    "data.max_steps": ("data.newest_steps", "online.max_steps"),
+    "data.memory_steps": ("data.newest_steps",),
+    "data.workers": ("data.worker_kind",),
     "eval.max_steps": ("eval.step_budget",),
 }
 
@@ -494,22 +502,31 @@ class RenamedSetting(FutureWarning):
 def upgrade(tree: dict[str, Any]) -> dict[str, Any]:
     """``tree`` (nested settings, changed in place) with each old key under its new name and
     the meaning it had, each one reported as a ``RenamedSetting`` warning (the CLI says each
-    once per command). Online's ring once
-    defaulted to the collect buffer's cap: an old config that sets that cap keeps its ring."""
-    collect_cap = tree.get("collect", {}).get("max_steps")
+    once per command). An old name given beside its new one is refused: which one was meant
+    cannot be told."""
     for old, new_keys in RENAMED.items():
         section, key = old.split(".")
         node = tree.get(section)
         if not isinstance(node, dict) or key not in node:
             continue
+        both = [new for new in new_keys if _get(tree, new) is not None]
+        if both and node[key] is not None:
+            raise UsageError(
+                f"{old} and {both[0]} are one setting, given twice ({old} is its old name)",
+                hint=f"keep {both[0]} only",
+            )
         warnings.warn(f"{old} is now {' and '.join(new_keys)}", RenamedSetting, stacklevel=2)
         value = node.pop(key)
         for new in new_keys:
             if value is not None:
                 _put(tree, new, value)
-    if collect_cap is not None and "ring_steps" not in tree.get("online", {}):
-        _put(tree, "online.ring_steps", collect_cap)
     return tree
+
+
+def _get(tree: dict[str, Any], dotted: str) -> Any:
+    section, key = dotted.split(".")
+    node = tree.get(section)
+    return node.get(key) if isinstance(node, dict) else None
 
 
 def presets_dir() -> Path:
@@ -671,6 +688,10 @@ def load_run_config(
     damaged = "restore it from a copy (the run's checkpoint.pt holds its text)"
     try:
         tree = upgrade(_read_config_file(path))
+        online, cap = tree.get("online"), _get(tree, "collect.max_steps")
+        if isinstance(online, dict) and "max_steps" not in online and cap:
+            # A run saved before online's ring had a name of its own: it was collect's cap.
+            online["max_steps"] = cap
     except UsageError as err:
         raise CheckpointError(f"{path} is damaged: {err.message}", hint=damaged) from err
     # A run saved before the runtime section kept these under train and eval: train's win.
@@ -691,18 +712,15 @@ def load_run_config(
 #: trains (``data.path`` may move: the data's fingerprint must still match).
 RESUMABLE = ("runtime.", "train.steps", "train.out", "train.checkpoint_every", "train.log_every")
 RESUMABLE += ("train.loggers",)
-RESUMABLE += ("data.path", "data.in_memory", "data.num_workers", "data.workers", "data.cache_dir")
+RESUMABLE += ("data.path", "data.in_memory", "data.num_workers", "data.worker_kind")
+RESUMABLE += ("data.cache_dir",)
 RESUMABLE += ("data.prefetch_factor", "data.ram_budget", "data.ram_share")
 
 
-def resume_config(
-    run_dir: Path, flags: dict[str, Any] | None = None, sets: list[str] | None = None
-) -> SwmConfig:
-    """The saved config of the run in ``run_dir`` with what a resume may change (``RESUMABLE``)
-    taken from ``flags`` and ``sets``; any other setting given with another value is refused,
-    all at once (exit 2), rather than dropped."""
-    saved = load_run_config(run_dir)
-    cfg = load_run_config(run_dir, flags, sets)
+def check_resume(saved: SwmConfig, cfg: SwmConfig) -> None:
+    """Refuse to resume a run saved as ``saved`` with ``cfg`` where they differ in anything but
+    what a resume may change (``RESUMABLE``): every such setting at once (exit 2), rather than
+    dropped."""
     before = flat_settings(saved.model_dump(mode="json"))
     after = flat_settings(cfg.model_dump(mode="json"))
     refused = [key for key in before if before[key] != after[key] and not key.startswith(RESUMABLE)]
@@ -716,7 +734,31 @@ def resume_config(
             hint="drop those flags to resume (runtime flags such as --bf16, --compile, "
             "--in-memory and --steps apply), or train a new run (--out)",
         )
-    return cfg
+
+
+def resumable_items(cfg: SwmConfig) -> list[str]:
+    """``cfg``'s settings that a resume may change, as ``--set`` items (``key=JSON value``, which
+    TOML reads back): what makes ``load_run_config`` of its run give ``cfg`` again. Unset (None)
+    ones are left out: no flag unsets a setting."""
+    flat = flat_settings(cfg.model_dump(mode="json"))
+    return [
+        f"{key}={json.dumps(value)}"
+        for key, value in flat.items()
+        if key.startswith(RESUMABLE) and value is not None
+    ]
+
+
+def check_eval_changes(flags: dict[str, Any] | None, sets: list[str] | None) -> None:
+    """swm eval changes only ``eval.*`` and ``runtime.*``: the model and its data are the run's
+    (``model.factory`` may move: a renamed module, another checkout; its weights are the run's)."""
+    keys = [key for key, value in (flags or {}).items() if value is not None]
+    keys += [item.partition("=")[0].strip() for item in sets or []]
+    for key in keys:
+        if not key.startswith(("eval.", "runtime.")) and key != "model.factory":
+            raise UsageError(
+                f"swm eval cannot change {key}: the model and its data are the run's",
+                hint="override eval settings only, e.g. --set eval.samples=300",
+            )
 
 
 def flat_settings(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -76,7 +76,7 @@ def describe_unexpected(err: Exception) -> tuple[str, str]:
     if isinstance(err, MemoryError):
         return (
             f"out of memory: {message}",
-            "lower --resolution, --batch-size or --buffer-steps (`swm memprofile` shows what fits)",
+            "lower --resolution, --batch-size or --max-steps (`swm memprofile` shows what fits)",
         )
     store = _object_store_failure(err)
     if store is not None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from swmcli.collect import run_collect
+from swmcli.commands.collect import run_collect
 from swmcli.config import resolve_config
 from swmcli.memory.measure import MemoryMonitor
 

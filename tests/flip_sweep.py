@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from swmcli.convert import run_info
-from swmcli.core.storage import open_reader, schema_to_json
+from swmcli.commands.convert import run_info
+from swmcli.data.formats import open_reader
+from swmcli.data.storage.schema import schema_to_json
 from swmcli.errors import SwmError
 
 

@@ -15,11 +15,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from swmcli.config import load_run_config, resume_config
-from swmcli.core.storage import open_reader
+from swmcli.config import load_run_config
+from swmcli.data.formats import open_reader
 from swmcli.errors import SwmError
-from swmcli.models.checkpoint import check_data_fingerprint, load_checkpoint
-from swmcli.train import METRICS_FILE, draw_loss_curve, trim_metrics
+from swmcli.training.checkpoints import check_data_fingerprint, load_checkpoint
+from swmcli.training.metrics import METRICS_FILE, draw_loss_curve, trim_metrics
 
 
 def read_run(run_dir: Path, fingerprint: dict, metrics: bool) -> tuple:
@@ -27,7 +27,8 @@ def read_run(run_dir: Path, fingerprint: dict, metrics: bool) -> tuple:
     (tensors, step), the data fingerprint check against the intact run's data, and (``metrics``)
     the metrics a resume trims and draws."""
     evaluated = load_run_config(run_dir).model_dump(exclude={"train": {"out"}})
-    resumed = resume_config(run_dir, {"train.out": run_dir}).model_dump(exclude={"train": {"out"}})
+    resumed = load_run_config(run_dir, {"train.out": run_dir})  # what `--resume` reads
+    resumed = resumed.model_dump(exclude={"train": {"out"}})
     state = load_checkpoint(run_dir)
     open_reader(evaluated["data"]["path"]).close()  # eval and resume open the run's data
     check_data_fingerprint(run_dir, fingerprint, state, write=False)

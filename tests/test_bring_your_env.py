@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from swmcli.cli import app
-from swmcli.core.storage import open_reader
-from swmcli.envs import make_env
+from swmcli.data.formats import open_reader
+from swmcli.envs.make import make_env
 from swmcli.errors import UsageError
 
 runner = CliRunner()

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swmcli.core.buffer import ReplayBuffer, step_bytes
-from swmcli.core.clips import clip_starts
+from swmcli.data.buffer import ReplayBuffer, step_bytes
+from swmcli.data.clips import clip_starts
 from swmcli.errors import BudgetExceeded, SwmError, UsageError
 
 ACTION_DIM = 2
@@ -251,7 +251,7 @@ def test_preflight_refuses_a_budget_before_allocating():
     error = caught.value
     assert error.needed == 1000 * per_step and error.available == per_step * 600 + 5
     assert "at most 600 steps" in error.message and "12.3 MB (11.75 MiB)" in error.message
-    assert "--buffer-steps" in error.hint and "--resolution" in error.hint
+    assert "max_steps to at most 600" in error.hint and "resolution" in error.hint
     assert error.exit_code == 2 and isinstance(error, SwmError)
     assert buf.nbytes == 0 and buf.bytes_per_step == 0
     with pytest.raises(BudgetExceeded):

@@ -16,10 +16,10 @@ import torch
 from flip_sweep import dataset_files, metadata_span
 from test_storage import make_episode, write
 
-from swmcli.convert import run_info
-from swmcli.core.data import ClipDataset
-from swmcli.core.storage import open_reader
-from swmcli.core.storage.copy import copy_dataset
+from swmcli.commands.convert import run_info
+from swmcli.data.copy import copy_dataset
+from swmcli.data.formats import open_reader
+from swmcli.data.streaming import ClipDataset
 from swmcli.errors import DatasetError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,7 +134,7 @@ class _AbortsInWorkers(ClipDataset):
 
 
 def test_a_loader_worker_process_that_a_decoder_crash_kills_is_one_error(tmp_path):
-    from swmcli.core.data import load_dataset, make_loader
+    from swmcli.data.streaming import load_dataset, make_loader
     from swmcli.errors import SwmError
 
     path = tmp_path / "d.h5"
@@ -271,8 +271,8 @@ def _damage_episode(path: Path, fmt: str, episode: int) -> None:
 
 @pytest.mark.parametrize("fmt", ["lance", "hdf5", "folder"])
 def test_streamed_and_in_memory_reads_stop_at_a_damaged_episode_or_skip_it(tmp_path, fmt):
-    from swmcli.core.data import load_dataset, make_loader
-    from swmcli.core.source import load_clips
+    from swmcli.data.streaming import load_dataset, make_loader
+    from swmcli.training.sources import load_clips
 
     path = _small_dataset(tmp_path, fmt)
     _damage_episode(path, fmt, 2)

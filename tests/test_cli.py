@@ -1,5 +1,6 @@
 """The CLI's contract: help with examples, version, exit codes, one-line errors, --json."""
 
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from typer.testing import CliRunner
 
 from swmcli import __version__
 from swmcli.cli import app
-from swmcli.options import OLD_FLAGS, SETTINGS
+from swmcli.cli.options import OLD_FLAGS, SETTINGS
 
 runner = CliRunner()
 
@@ -28,7 +29,7 @@ def test_every_command_has_help_with_examples(command):
 
 def test_help_does_not_import_heavy_modules():
     code = (
-        "import sys; from swmcli.cli import app; "
+        "import sys; from swmcli.cli.app import app; "
         "heavy = [m for m in ('torch', 'lance', 'lancedb', 'h5py', 'gymnasium', 'pyarrow') "
         "if m in sys.modules]; print(heavy)"
     )
@@ -109,12 +110,27 @@ def test_every_settings_option_is_a_config_field_with_its_description_as_help():
     assert not descriptions & set(other)
 
 
-def test_old_flags_are_hidden():
-    """--max-steps (now named per meaning) and eval's --budget still work (test_collect and
-    test_eval use them), hidden from --help."""
-    assert "--max-steps" not in runner.invoke(app, ["collect", "--help"]).output
+def test_the_users_words_are_first_class_and_old_flags_hidden():
+    """--max-steps is the ReplayBuffer's capacity on collect, memprofile and online train, listed
+    in --help; the old flags (--buffer-steps, --ring-steps, --memory-steps) still load, hidden;
+    eval has no --budget or --max-steps (its planning budget is --step-budget)."""
+    for command in ("collect", "memprofile", "train"):
+        shown = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
+        assert "--max-steps" in shown, command
+        assert not {"--buffer-steps", "--ring-steps", "--memory-steps"} & set(shown.split())
     eval_help = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "200"}).output
     assert "--step-budget" in eval_help and "--budget " not in eval_help
+    assert "--max-steps" not in eval_help
+
+
+def test_collect_max_steps_runs_without_a_warning(tmp_path):
+    """The headline command's flag, as the user writes it: no warning, the buffer it names."""
+    out = tmp_path / "d.lance"
+    args = ["collect", "--preset", "tiny", "--max-steps", "300", "--out", str(out), "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr
+    assert json.loads(result.stdout)["buffer_max_steps"] == 300
 
 
 def test_format_h5_means_hdf5(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from swmcli.cli import app
-from swmcli.core.storage import open_reader
+from swmcli.data.formats import open_reader
 
 runner = CliRunner()
 
@@ -29,9 +29,9 @@ def test_collect_tiny_to_lance_reports_and_reads_back(tmp_path):
     assert report["format"] == "lance"
     assert report["buffer_allocated_bytes"] > 0
     # Sized for 3 episodes of at most 40 steps plus their last rows, not the preset's 5,000 cap.
-    assert report["buffer_cap_steps"] == 3 * 41
+    assert report["buffer_max_steps"] == 3 * 41
     row_bytes = 32 * 32 * 3 + 4 * 2 + 4 + 1 + 1 + 4 * 2 + 4 * 2
-    assert report["buffer_cap_bytes"] == 3 * 41 * row_bytes
+    assert report["buffer_max_bytes"] == 3 * 41 * row_bytes
     assert report["memory"]["cuda"] == "no CUDA device"
     reader = open_reader(out)
     assert reader.num_steps == report["steps"]
@@ -66,7 +66,7 @@ def test_appending_continues_with_new_episodes(tmp_path):
 
 def test_max_steps_alone_collects_the_buffers_worth(tmp_path):
     out = tmp_path / "full.lance"
-    args = ["collect", "--env", "swm/TwoRoom-v0", "--resolution", "16", "--buffer-steps", "150"]
+    args = ["collect", "--env", "swm/TwoRoom-v0", "--resolution", "16", "--max-steps", "150"]
     result = runner.invoke(app, [*args, "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["steps"] == 150
@@ -90,8 +90,7 @@ def test_buffer_cap_evicts_whole_episodes_while_collecting(tmp_path):
     report = json.loads(result.stdout)
     assert report["evicted_episodes"] > 0
     assert report["dataset_episodes"] == 6, "eviction never loses what is already on disk"
-    # --max-steps is the old name of --buffer-steps: it still works, and says the new name once.
-    assert result.stderr.count("warning: collect.max_steps is now collect.buffer_steps") == 1
+    assert "warning" not in result.stderr  # --max-steps is the user's own word: no warning
 
 
 def test_budget_refused_before_anything_is_written(tmp_path):
@@ -111,7 +110,7 @@ def test_the_buffer_is_sized_for_the_steps_asked_not_the_default_cap(tmp_path):
     result = runner.invoke(app, [*command, "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["buffer_cap_steps"] == 100 and report["steps"] == 100
+    assert report["buffer_max_steps"] == 100 and report["steps"] == 100
     assert any("buffer sized for 100 steps (--steps 100)" in note for note in report["notes"])
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from test_storage import assert_same_episode, make_episode
 
-from swmcli.convert import run_convert as convert
-from swmcli.convert import run_info as info
-from swmcli.core.storage import detect, open_reader, open_writer
-from swmcli.core.storage.copy import Copied, copy_dataset
+from swmcli.commands.convert import run_convert as convert
+from swmcli.commands.convert import run_info as info
+from swmcli.data.copy import Copied, copy_dataset
+from swmcli.data.formats import detect, open_reader, open_writer
 
 LENGTHS = (6, 3, 11)
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from test_storage import SUFFIX, make_episode
 
-from swmcli.core.buffer import ReplayBuffer
-from swmcli.core.data import load_dataset, make_loader
-from swmcli.core.storage import FORMATS, open_writer
-from swmcli.core.storage.lance import opened_in_this_process as lance_opened
+from swmcli.data.buffer import ReplayBuffer
+from swmcli.data.formats import FORMATS, open_writer
+from swmcli.data.storage.lance import opened_in_this_process as lance_opened
+from swmcli.data.streaming import load_dataset, make_loader
 
 LENGTHS = (9, 4, 12, 7)
 
@@ -181,7 +181,7 @@ def test_loader_over_a_replay_buffer(tmp_path):
 
 FRESH_PROCESS = """
 import sys
-from swmcli.core.data import load_dataset, make_loader
+from swmcli.data.streaming import load_dataset, make_loader
 clips = load_dataset(sys.argv[1], history_len=2)
 first = make_loader(clips, batch_size=4, num_workers=2, shuffle=False, processes=True)
 second = make_loader(clips, batch_size=4, num_workers=1, shuffle=False, processes=True)
@@ -336,7 +336,7 @@ def test_a_plain_dataloader_works_after_the_dataset_was_used_in_this_process(tmp
 
 CHILD_DIES = """
 import os, signal, sys
-from swmcli.core import data
+from swmcli.data import streaming as data
 from swmcli.errors import DatasetError
 
 data._describe = lambda path, cache_dir: os.kill(os.getpid(), signal.SIGKILL)
@@ -390,7 +390,7 @@ def test_reader_threads_raise_the_readers_error_and_stop(tmp_path):
 
 FREED_BLOCKS = """
 import ctypes, resource, sys
-from swmcli.memory.measure import keep_freed_memory
+from swmcli.host import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 libc = ctypes.CDLL(None)

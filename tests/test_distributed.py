@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from swmcli.commands.train import run_train
 from swmcli.config import resolve_config
-from swmcli.core.distributed import World, check_batch_split, rank_share
 from swmcli.errors import UsageError
 from swmcli.memory.measure import MemoryMonitor
 from swmcli.memory.predict import PeakPredictor, Variant, configured_variant, ddp_bucket_bytes
-from swmcli.train import run_train
+from swmcli.training.distributed import World, check_batch_split, rank_share
 
 ROOT = Path(__file__).parents[1]
 STEPS = 16
@@ -134,7 +134,7 @@ def test_the_launcher_names_the_killed_rank_when_its_peer_exits_in_the_same_seco
 
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-    from swmcli.core.distributed import _failed_ranks_error
+    from swmcli.training.distributed import _failed_ranks_error
 
     killed = ProcessFailure(local_rank=1, pid=2, exitcode=-signal.SIGKILL, error_file="")
     peer = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file="")
@@ -171,7 +171,7 @@ def test_sharded_ranks_accumulating_train_as_one_process(tiny_data, tmp_path):
         for key in ("loss", "prediction", "regularizer", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-4), (a["step"], key)
     # The checkpoint holds the whole model, as one process's does: eval needs no ranks.
-    from swmcli.models.checkpoint import load_checkpoint
+    from swmcli.training.checkpoints import load_checkpoint
 
     whole, parts = load_checkpoint(single)["model"], load_checkpoint(sharded)["model"]
     assert {k: v.shape for k, v in whole.items()} == {k: v.shape for k, v in parts.items()}

@@ -1,4 +1,4 @@
-"""swmcli.envs: the TwoRoom env, make_env for any gymnasium id, goal images and policies."""
+"""swmcli.envs.make: the TwoRoom env, make_env for any gymnasium id, goal images and policies."""
 
 import math
 import warnings
@@ -11,8 +11,8 @@ from gymnasium.utils.env_checker import check_env
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swmcli.envs import TWOROOM_ID, goal_pixels, make_env, register
 from swmcli.envs import tworoom as tr
+from swmcli.envs.make import TWOROOM_ID, goal_pixels, make_env, register
 from swmcli.envs.policies import make_policy
 from swmcli.errors import UsageError
 

@@ -8,16 +8,22 @@ import pytest
 import torch
 from PIL import Image
 
-from swmcli.collect import run_collect
-from swmcli.config import load_run_config, resolve_config
-from swmcli.core.clips import heldout_split
-from swmcli.core.runner import make_runner
-from swmcli.core.storage import open_reader
+from swmcli.commands.collect import run_collect
+from swmcli.commands.evaluate import (
+    _goal_episodes,
+    load_model,
+    open_loop_errors,
+    run_eval,
+)
+from swmcli.commands.train import run_train
+from swmcli.config import check_eval_changes, load_run_config, resolve_config
+from swmcli.data.clips import heldout_split
+from swmcli.data.formats import open_reader
 from swmcli.errors import CheckpointError, UsageError
-from swmcli.evaluate import _goal_episodes, load_model, open_loop_errors, run_episodes, run_eval
 from swmcli.memory.measure import MemoryMonitor
-from swmcli.planning import PlannerSettings, cem, plan_costs
-from swmcli.train import run_train
+from swmcli.models.runner import make_runner
+from swmcli.planning.episodes import run_episodes
+from swmcli.planning.planners import PlannerSettings, cem, plan_costs
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +34,12 @@ def tiny_run(tmp_path_factory) -> Path:
     cfg = resolve_config("tiny", flags={"data.path": data, "train.out": run_dir})
     run_train(cfg, MemoryMonitor())
     return run_dir
+
+
+def _with(run_dir, flags):
+    """The run's config with eval/runtime ``flags``, as `swm eval RUN_DIR --flag` resolves it."""
+    check_eval_changes(flags, None)
+    return load_run_config(run_dir, flags)
 
 
 def test_eval_reports_errors_success_rates_and_pictures(tiny_run):
@@ -58,15 +70,16 @@ def test_eval_reports_errors_success_rates_and_pictures(tiny_run):
 
 def test_eval_is_reproducible_and_mppi_runs(tiny_run):
     flags = {"eval.episodes": 2, "eval.planner": "mppi"}
-    first = run_eval(tiny_run, MemoryMonitor(), flags=flags)
-    second = run_eval(tiny_run, MemoryMonitor(), flags=flags)
+    first = run_eval(tiny_run, MemoryMonitor(), _with(tiny_run, flags))
+    second = run_eval(tiny_run, MemoryMonitor(), _with(tiny_run, flags))
     assert first.fields["planner"] == "mppi"
     assert first.tables[1].rows == second.tables[1].rows
     assert first.fields["open_loop_mse_last"] == second.fields["open_loop_mse_last"]
 
 
 def test_eval_bf16_runs(tiny_run):
-    result = run_eval(tiny_run, MemoryMonitor(), flags={"eval.episodes": 1, "runtime.bf16": True})
+    flags = {"eval.episodes": 1, "runtime.bf16": True}
+    result = run_eval(tiny_run, MemoryMonitor(), _with(tiny_run, flags))
     assert result.fields["dtype"] == "bfloat16"
     assert np.isfinite(result.fields["open_loop_mse_first"])
 
@@ -138,10 +151,10 @@ def test_missing_run_and_missing_checkpoint_are_clear_errors(tiny_run, tmp_path)
 
 
 def test_dataset_protocol_starts_from_recorded_states_with_goals_offset_ahead(tiny_run):
-    from swmcli.core.storage import open_reader
-    from swmcli.envs import make_env
+    from swmcli.data.formats import open_reader
+    from swmcli.envs.make import make_env
     from swmcli.envs.plugins import restore_recorded
-    from swmcli.protocols import goal_episodes
+    from swmcli.planning.goals import goal_episodes
 
     cfg = resolve_config(
         config_file=tiny_run / "config.json",
@@ -174,7 +187,7 @@ def test_dataset_protocol_respects_the_budget_and_plays_random_on_the_same_episo
         "eval.step_budget": 3,
         "eval.episodes": 3,
     }
-    result = run_eval(tiny_run, MemoryMonitor(), flags=flags)
+    result = run_eval(tiny_run, MemoryMonitor(), _with(tiny_run, flags))
     fields = result.fields
     assert fields["protocol"] == "dataset" and fields["budget"] == 3
     assert fields["goal_offset"] == 4 and fields["episodes"] == 3
@@ -197,15 +210,14 @@ def test_dataset_protocol_respects_the_budget_and_plays_random_on_the_same_episo
 
 def test_dataset_protocol_refuses_offsets_longer_than_every_episode(tiny_run):
     with pytest.raises(UsageError, match="no held-out episode is longer"):
-        run_eval(
-            tiny_run, MemoryMonitor(), flags={"eval.protocol": "dataset", "eval.goal_offset": 500}
-        )
+        flags = {"eval.protocol": "dataset", "eval.goal_offset": 500}
+        run_eval(tiny_run, MemoryMonitor(), _with(tiny_run, flags))
 
 
 def test_envs_that_cannot_be_set_to_a_recorded_state_are_refused():
     from test_envs import TINY_ID
 
-    from swmcli.envs import make_env
+    from swmcli.envs.make import make_env
     from swmcli.envs.plugins import restore_recorded
 
     env = make_env(TINY_ID, 32, 10, seed=0)
@@ -214,7 +226,7 @@ def test_envs_that_cannot_be_set_to_a_recorded_state_are_refused():
 
 
 def test_wilson_interval_matches_the_textbook_values():
-    from swmcli.protocols import wilson_interval
+    from swmcli.planning.goals import wilson_interval
 
     assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
     assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
@@ -228,7 +240,7 @@ def test_planner_flags_and_sets_reach_the_planner_and_other_sections_are_refused
 
     cli = CliRunner()
     args = ["eval", str(tiny_run), "--episodes", "1", "--samples", "8", "--iterations", "1"]
-    args += ["--budget", "4", "--set", "eval.cost=trajectory", "--set", "eval.noise_beta=2"]
+    args += ["--step-budget", "4", "--set", "eval.cost=trajectory", "--set", "eval.noise_beta=2"]
     result = cli.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
@@ -241,7 +253,7 @@ def test_planner_flags_and_sets_reach_the_planner_and_other_sections_are_refused
 
 
 def test_warnings_name_the_cause_and_are_printed_once(tiny_run):
-    from swmcli.evaluate import _open_loop_warning, _planner_warning
+    from swmcli.commands.evaluate import _open_loop_warning, _planner_warning
 
     worse = {"model": [1.01, 1.2], "no_change": [0.87, 0.9]}
     assert "no better than the no-change baseline" in _open_loop_warning(worse)[0]
@@ -300,4 +312,4 @@ def test_eval_refuses_data_replaced_at_another_resolution(tiny_run, tmp_path):
     config["data"]["path"] = str(other)
     (run_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(UsageError, match="trained on 32x32 frames"):
-        run_eval(run_dir, MemoryMonitor(), flags={"eval.episodes": 1})
+        run_eval(run_dir, MemoryMonitor(), _with(run_dir, {"eval.episodes": 1}))

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from swmcli.cli import app
-from swmcli.core.storage import detect, open_reader
+from swmcli.data.formats import detect, open_reader
 from swmcli.errors import DatasetError, UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -183,7 +183,7 @@ def test_hostile_jpeg_and_lance_index(tmp_path):
     import lance
     import pyarrow as pa
 
-    from swmcli.core.storage.foreign import jpeg
+    from swmcli.data.foreign import jpeg
 
     header = FIXTURES / "stable_worldmodel/main/tworoom.lance"
     blob = lance.dataset(str(header)).take([0], columns=["pixels"]).column(0)[0].as_py()
@@ -215,7 +215,7 @@ def swm_dataset(tmp_path_factory) -> Path:
     """A swm Lance dataset: frames, float32/bool/float64 columns, NaN last actions."""
     from test_storage import make_episode
 
-    from swmcli.core.storage import open_writer
+    from swmcli.data.formats import open_writer
 
     path = tmp_path_factory.mktemp("swm") / "source.lance"
     with open_writer(path, mode="error", metadata={"env_id": "swm/TwoRoom-v0"}) as writer:

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from swmcli.commands.train import run_train
 from swmcli.config import resolve_config, with_settings
 from swmcli.errors import UsageError
 from swmcli.memory.levers import (
@@ -24,7 +25,6 @@ from swmcli.memory.levers import (
 )
 from swmcli.memory.measure import MemoryMonitor
 from swmcli.memory.predict import PeakPredictor, Variant
-from swmcli.train import run_train
 
 NO_CLIP = {"train.grad_clip": 1e9}  # optimizer-in-backward cannot clip: compare unclipped
 
@@ -107,8 +107,8 @@ def test_gradient_accumulation_all_reduces_only_the_last_micro_batch(tmp_path):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from swmcli.core.runner import make_runner
-    from swmcli.training import optimizer_step
+    from swmcli.models.runner import make_runner
+    from swmcli.training.step import optimizer_step
 
     class Squares(nn.Module):
         def __init__(self):

@@ -17,7 +17,7 @@ from test_storage import (
 from typer.testing import CliRunner
 
 from swmcli.cli import app
-from swmcli.core.storage import open_reader
+from swmcli.data.formats import open_reader
 from swmcli.errors import UsageError
 
 
@@ -56,8 +56,8 @@ def test_every_second_writer_is_refused_and_the_first_finishes_losing_nothing(tm
 
 
 def test_a_convert_holds_its_destination_until_it_is_in_place(tmp_path):
-    from swmcli.core.storage.copy import copy_dataset
-    from swmcli.core.storage.lock import WriterLock
+    from swmcli.data.copy import copy_dataset
+    from swmcli.data.storage.lock import WriterLock
 
     source = tmp_path / "source.h5"
     write(source, [make_episode(seed, 5) for seed in range(3)])

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from swmcli.cli import app
 from swmcli.config import resolve_config
 from swmcli.errors import UsageError
-from swmcli.loggers import open_loggers
+from swmcli.training.loggers import open_loggers
 
 
 @pytest.mark.parametrize(

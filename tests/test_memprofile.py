@@ -20,10 +20,12 @@ from typer.testing import CliRunner
 
 from swmcli import report
 from swmcli.cli import app
+from swmcli.commands.memprofile import measure_rows, run_memprofile, technique_rows
 from swmcli.config import resolve_config
-from swmcli.core.buffer import step_bytes
+from swmcli.data.buffer import step_bytes
+from swmcli.envs.recording import sample_episodes
+from swmcli.memory.fitting import applicable_levers, cheapest_fitting, combinations, plan_sentence
 from swmcli.memory.measure import LiveTensorBytes, MemoryMonitor
-from swmcli.memory.plan import applicable_levers, cheapest_fitting, combinations, plan_sentence
 from swmcli.memory.predict import PeakPredictor, Variant, largest_fitting
 from swmcli.memory.trace import (
     CategorisedLiveBytes,
@@ -31,8 +33,6 @@ from swmcli.memory.trace import (
     cuda_autocast_on_cpu,
     trace_step_peak,
 )
-from swmcli.memprofile import measure_rows, run_memprofile, technique_rows
-from swmcli.rollout import sample_episodes
 
 USER_MODEL = str(Path(__file__).parent / "models" / "mlp_world_model.py") + ":build"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -233,8 +233,8 @@ def test_run_memprofile_reports_every_technique_and_buffer(tiny_result):
     cfg, result, monitor = tiny_result
     fields = result.fields
     step = tworoom_step(cfg.env.resolution)
-    assert fields["buffer_ram_bytes"] == cfg.collect.buffer_steps * step_bytes(step)
-    assert fields["ram_budget_buffer_steps"] == 10**9 // step_bytes(step)
+    assert fields["buffer_ram_bytes"] == cfg.collect.max_steps * step_bytes(step)
+    assert fields["ram_budget_max_steps"] == 10**9 // step_bytes(step)
     assert fields["disk_lance_bytes"] > 0 and fields["disk_hdf5_bytes"] > 0
     assert fields["budget_batch_size"] > cfg.train.batch_size
     assert fields["budget_batch_needs_bytes"] <= 2**30

@@ -5,10 +5,11 @@ import torch
 
 from swmcli.config import ModelConfig
 from swmcli.errors import UsageError
-from swmcli.models import build_world_model
 from swmcli.models.encoder import cnn_stages
+from swmcli.models.interface import Objective
 from swmcli.models.losses import effective_rank, sigreg, vicreg
-from swmcli.models.protocol import Objective, rollout
+from swmcli.models.rollout import rollout
+from swmcli.models.world_model import build_world_model
 
 TINY = ModelConfig(
     latent_dim=16, cnn_width=8, predictor_dim=32, predictor_depth=1, predictor_heads=2
@@ -132,7 +133,7 @@ def test_multi_step_loss_adds_the_rolled_out_error_and_trains_through_it():
 
 def test_a_full_disk_while_checkpointing_is_one_error_and_leaves_no_partial(tmp_path):
     from swmcli.errors import CheckpointError
-    from swmcli.models.checkpoint import checkpoint_path, save_checkpoint
+    from swmcli.training.checkpoints import checkpoint_path, save_checkpoint
 
     model = torch.nn.Linear(2, 2)
     save_checkpoint(

@@ -19,10 +19,11 @@ import pytest
 from typer.testing import CliRunner
 
 from swmcli.cli import app
-from swmcli.collect import run_collect
+from swmcli.commands.collect import run_collect
 from swmcli.config import resolve_config
-from swmcli.core.data import load_dataset
-from swmcli.core.storage import location, open_reader, open_writer
+from swmcli.data.formats import open_reader, open_writer
+from swmcli.data.storage import location
+from swmcli.data.streaming import load_dataset
 from swmcli.memory.measure import MemoryMonitor
 
 pytest.importorskip("s3fs")

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from swmcli.config import resolve_config
-from swmcli.core.storage import open_reader
-from swmcli.envs import make_env
+from swmcli.commands.train import run_train
+from swmcli.config import resolve_config, with_settings
+from swmcli.data.formats import open_reader
+from swmcli.envs.make import make_env
 from swmcli.envs.policies import make_policy
+from swmcli.envs.recording import action_dim_of, episode_rows, episode_seed
 from swmcli.errors import UsageError
 from swmcli.memory.measure import MemoryMonitor
-from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
-from swmcli.rollout import action_dim_of, episode_rows, episode_seed
-from swmcli.train import run_train
+from swmcli.training.checkpoints import checkpoint_path, load_checkpoint
 
 ROOT = Path(__file__).parents[1]
 ONLINE = {
@@ -28,7 +28,7 @@ ONLINE = {
     "env.id": "swm/TwoRoom-v0",
     "online.warmup_steps": 100,
     "online.updates_per_step": 0.25,
-    "online.ring_steps": 200,
+    "online.max_steps": 200,
     "train.log_every": 1,
 }
 
@@ -69,7 +69,7 @@ def test_online_learns_and_evicts_whole_episodes(tmp_path):
     # The ring holds the newest whole episodes: evicted ones are the oldest, none in part.
     held = result["buffer_episodes"]
     assert held + result["evicted_episodes"] == len(lengths)
-    assert result["buffer_steps"] == sum(lengths[-held:]) <= 200
+    assert result["buffer_filled_steps"] == sum(lengths[-held:]) <= 200
     assert result["buffer_bytes"] == 200 * (32 * 32 * 3 + 4 * 2 + 4 * 2 + 4 + 1 + 1 + 4 * 2)
     # `swm eval` finds the recorded episodes.
     assert json.loads((tmp_path / "run/config.json").read_text())["data"]["path"] == str(
@@ -82,7 +82,7 @@ def _online_in_subprocess(tmp_path: Path) -> subprocess.Popen:
         "import sys, json\n"
         "from swmcli.config import resolve_config\n"
         "from swmcli.memory.measure import MemoryMonitor\n"
-        "from swmcli.train import run_train\n"
+        "from swmcli.commands.train import run_train\n"
         "flags = json.loads(sys.argv[1])\n"
         "run_train(resolve_config('tiny', flags=flags), MemoryMonitor())\n"
     )
@@ -130,7 +130,8 @@ def test_sigkill_keeps_every_finished_episode_and_resume_continues(tmp_path):
     saved = load_checkpoint(tmp_path / "run")["step"]
 
     # --resume refills the buffer from the record and goes on collecting after its episodes.
-    resumed = run_train(cfg, MemoryMonitor(), resume=True, steps=saved + 40).fields
+    further = with_settings(cfg, {"train.steps": saved + 40})
+    resumed = run_train(further, MemoryMonitor(), resume=True).fields
     assert resumed["resumed_from_step"] == saved
     assert resumed["refilled_episodes"] >= 1
     assert resumed["collected_episodes"] > len(kept)
@@ -151,7 +152,7 @@ def test_online_resume_needs_a_record(tmp_path):
     cfg = _cfg(tmp_path, **{"online.record": None, "train.steps": 2})
     run_train(cfg, MemoryMonitor())
     with pytest.raises(UsageError, match="resumes from its --record"):
-        run_train(cfg, MemoryMonitor(), resume=True, steps=4)
+        run_train(with_settings(cfg, {"train.steps": 4}), MemoryMonitor(), resume=True)
 
 
 PLANNER = {

@@ -9,12 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 from swmcli.cli import app
+from swmcli.commands.evaluate import run_eval
+from swmcli.commands.train import run_train
 from swmcli.config import load_run_config, resolve_config
 from swmcli.errors import UsageError
-from swmcli.evaluate import run_eval
 from swmcli.memory.measure import MemoryMonitor
-from swmcli.models.protocol import build_model, load_factory
-from swmcli.train import run_train
+from swmcli.models.interface import build_model, load_factory
 
 MODELS = Path(__file__).parent / "models" / "mlp_world_model.py"
 SHAPE = {"resolution": 32, "action_dim": 2, "frameskip": 1, "history_len": 3}
@@ -44,7 +44,7 @@ def test_a_user_model_trains_with_its_own_loss_and_plans_on_tworoom(
     # Saved with an absolute path: eval finds the model from anywhere.
     assert load_run_config(run_dir).model.factory == f"{MODELS}:build"
     monkeypatch.chdir(tmp_path)
-    result = run_eval(run_dir, MemoryMonitor(), sets=["eval.episodes=2"])
+    result = run_eval(run_dir, MemoryMonitor(), load_run_config(run_dir, sets=["eval.episodes=2"]))
     assert result.fields["episodes"] == 2
     assert 0 <= result.fields["success_rate"] <= 1
 

@@ -13,16 +13,17 @@ import pytest
 
 pytest.importorskip("gym_pusht", reason="Push-T needs the [pusht] extra: pip install gym-pusht")
 
-from swmcli.collect import run_collect
+from swmcli.commands.collect import run_collect
+from swmcli.commands.evaluate import _goal_episodes, load_model, run_eval
+from swmcli.commands.train import run_train
 from swmcli.config import resolve_config
-from swmcli.core.runner import make_runner
-from swmcli.core.storage import open_reader
-from swmcli.envs import make_env
+from swmcli.data.formats import open_reader
+from swmcli.envs.make import make_env
 from swmcli.envs.plugins import restore_recorded
 from swmcli.envs.policies import make_policy
-from swmcli.evaluate import _goal_episodes, load_model, run_episodes, run_eval
 from swmcli.memory.measure import MemoryMonitor
-from swmcli.train import run_train
+from swmcli.models.runner import make_runner
+from swmcli.planning.episodes import run_episodes
 
 TINY = {
     "env.resolution": 32,

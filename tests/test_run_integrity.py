@@ -17,18 +17,18 @@ import torch
 from typer.testing import CliRunner
 
 from swmcli.cli import app
+from swmcli.commands.train import run_train
 from swmcli.config import load_run_config, resolve_config
-from swmcli.core.storage.lock import writer_lock_path
+from swmcli.data.storage.lock import writer_lock_path
 from swmcli.errors import CheckpointError
 from swmcli.memory.measure import MemoryMonitor
-from swmcli.models.checkpoint import (
+from swmcli.training.checkpoints import (
     PREVIOUS_FILE,
     checkpoint_path,
     load_checkpoint,
     save_checkpoint,
     state_digest,
 )
-from swmcli.train import run_train
 
 ROOT = Path(__file__).parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -167,7 +167,7 @@ def test_resume_applies_runtime_flags_refuses_the_rest_and_restores_data_json(ru
 
 
 def test_an_old_run_without_data_json_is_refused_not_skipped(run_copy, tiny_data):
-    from swmcli.models.checkpoint import check_data_fingerprint
+    from swmcli.training.checkpoints import check_data_fingerprint
 
     state = load_checkpoint(run_copy)
     fingerprint = json.loads((run_copy / "data.json").read_text())

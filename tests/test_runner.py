@@ -4,9 +4,9 @@ import numpy as np
 import torch
 
 from swmcli.config import ModelConfig
-from swmcli.core.runner import choose_dtype, make_runner
-from swmcli.models import build_world_model
-from swmcli.models.protocol import Objective
+from swmcli.models.interface import Objective
+from swmcli.models.runner import choose_dtype, make_runner
+from swmcli.models.world_model import build_world_model
 
 TINY = ModelConfig(
     latent_dim=16, cnn_width=8, predictor_dim=32, predictor_depth=1, predictor_heads=2

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from swmcli.commands.train import run_train
 from swmcli.config import resolve_config
-from swmcli.core.source import newest_episodes
 from swmcli.errors import BudgetExceeded, UsageError
 from swmcli.memory.measure import MemoryMonitor
-from swmcli.train import run_train
+from swmcli.training.sources import newest_episodes
 
 
 def _cfg(data: Path, out: Path, **flags):
@@ -25,7 +25,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 def test_in_memory_gives_the_streamed_losses_and_resumes_bit_for_bit(tiny_data, tmp_path):
-    import swmcli.train as train
+    import swmcli.commands.train as train
 
     steps = {"train.steps": 12, "train.checkpoint_every": 6}
     streamed = run_train(
@@ -36,19 +36,19 @@ def test_in_memory_gives_the_streamed_losses_and_resumes_bit_for_bit(tiny_data, 
     assert streamed.fields["buffer_bytes"] == 0
     # In memory by default (the tiny data fits half the RAM), stopped after step 8 ...
     in_memory = _cfg(tiny_data, tmp_path / "memory", **steps)
-    original = train._train_step
+    original = train.learning_rate  # called first in each step, with the step's index
 
-    def stop_after_eight(run, batches, step):
+    def stop_after_eight(step, *schedule):
         if step == 8:
             raise KeyboardInterrupt
-        return original(run, batches, step)
+        return original(step, *schedule)
 
-    train._train_step = stop_after_eight
+    train.learning_rate = stop_after_eight
     try:
         with pytest.raises(KeyboardInterrupt):
             run_train(in_memory, MemoryMonitor())
     finally:
-        train._train_step = original
+        train.learning_rate = original
     # ... and resumed from its checkpoint at step 6.
     monitor = MemoryMonitor()
     resumed = run_train(in_memory, monitor, resume=True)

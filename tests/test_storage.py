@@ -14,7 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
-from swmcli.core.storage import FORMATS, detect, hdf5, open_reader, open_writer
+from swmcli.data.formats import FORMATS, detect, open_reader, open_writer
+from swmcli.data.storage import hdf5
 from swmcli.errors import DatasetError
 
 SUFFIX = {"lance": ".lance", "hdf5": ".h5", "folder": ""}
@@ -173,7 +174,7 @@ def test_lance_frames_of_older_datasets_read_and_append_as_they_are(tmp_path, mo
     import lance
     import pyarrow as pa
 
-    from swmcli.core.storage import lance as lance_store
+    from swmcli.data.storage import lance as lance_store
 
     def zstd_schema(schema, metadata):
         arrow = new_schema(schema, metadata)
@@ -199,7 +200,7 @@ def test_lance_frames_of_older_datasets_read_and_append_as_they_are(tmp_path, mo
 
 
 def test_lance_frames_in_a_codec_this_swm_does_not_know_are_refused_at_open(tmp_path, monkeypatch):
-    from swmcli.core.storage import lance as lance_store
+    from swmcli.data.storage import lance as lance_store
 
     path = tmp_path / "new.lance"
     monkeypatch.setattr(lance_store, "LZ4_FRAME", "brotli-frame")  # as a newer swm might write
@@ -337,7 +338,7 @@ WRITER = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     from test_storage import make_episode
-    from swmcli.core.storage import open_writer
+    from swmcli.data.formats import open_writer
 
     import os
 

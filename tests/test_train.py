@@ -14,13 +14,13 @@ import pytest
 import torch
 from PIL import Image
 
-from swmcli.collect import run_collect
+from swmcli.commands.collect import run_collect
+from swmcli.commands.train import run_train
 from swmcli.config import load_run_config, resolve_config, with_settings
 from swmcli.errors import CheckpointError, SwmError, UsageError
 from swmcli.memory.measure import MemoryMonitor
-from swmcli.models.checkpoint import checkpoint_path, load_checkpoint
-from swmcli.train import run_train
-from swmcli.training import ClipOrder, learning_rate
+from swmcli.training.checkpoints import checkpoint_path, load_checkpoint
+from swmcli.training.step import ClipOrder, learning_rate
 
 ROOT = Path(__file__).parents[1]
 
@@ -67,7 +67,7 @@ def _train_in_subprocess(data: Path, run_dir: Path, *extra: str) -> subprocess.P
         "import sys; from pathlib import Path\n"
         "from swmcli.config import resolve_config\n"
         "from swmcli.memory.measure import MemoryMonitor\n"
-        "from swmcli.train import run_train\n"
+        "from swmcli.commands.train import run_train\n"
         "if __name__ == '__main__':\n"
         "    flags = {'data.path': sys.argv[1], 'train.out': sys.argv[2], 'train.steps': 400,\n"
         "             'train.checkpoint_every': 10, 'train.log_every': 1}\n"
@@ -111,21 +111,21 @@ def test_sigkill_then_resume_gives_the_uninterrupted_losses(tiny_data, tmp_path)
 
 def _run_until(cfg, stop: int, resume: bool) -> None:
     """Train ``cfg`` (400 planned steps) but stop after step ``stop``, like an interruption."""
-    import swmcli.train as train
+    import swmcli.commands.train as train
 
-    original = train._train_step
+    original = train.learning_rate  # called first in each step, with the step's index
 
-    def step_then_maybe_stop(run, batches, step):
+    def step_then_maybe_stop(step, *schedule):
         if step >= stop:
             raise KeyboardInterrupt
-        return original(run, batches, step)
+        return original(step, *schedule)
 
-    train._train_step = step_then_maybe_stop
+    train.learning_rate = step_then_maybe_stop
     try:
         with pytest.raises(KeyboardInterrupt):
             run_train(cfg, MemoryMonitor(), resume=resume)
     finally:
-        train._train_step = original
+        train.learning_rate = original
 
 
 def test_fresh_run_refuses_a_trained_directory(tiny_data, tmp_path):
@@ -210,7 +210,8 @@ def test_resume_trains_the_directory_it_is_given(tiny_data, tmp_path):
     run_train(_cfg(tiny_data, original, **{"train.steps": 4}), MemoryMonitor())
     copy = tmp_path / "copy"
     shutil.copytree(original, copy)
-    run_train(_cfg(tiny_data, copy), MemoryMonitor(), resume=True, steps=6)
+    further = with_settings(_cfg(tiny_data, copy), {"train.steps": 6})
+    run_train(further, MemoryMonitor(), resume=True)
     assert load_checkpoint(copy)["step"] == 6
     assert load_checkpoint(original)["step"] == 4, "the run it was copied from is untouched"
     assert load_run_config(copy).train.out == copy
@@ -239,7 +240,7 @@ def test_preflight_refuses_a_step_the_host_cannot_hold(tiny_data, tmp_path):
     import re
 
     from swmcli.errors import BudgetExceeded
-    from swmcli.memory.measure import available_host_bytes
+    from swmcli.host import available_host_bytes
     from swmcli.memory.predict import check_training_fits
 
     cfg = _cfg(tiny_data, tmp_path / "run", **{"train.batch_size": 1_000_000})
@@ -256,7 +257,7 @@ def test_preflight_refuses_a_step_the_host_cannot_hold(tiny_data, tmp_path):
 
 
 def test_train_and_eval_split_episodes_with_one_rule():
-    from swmcli.core.clips import heldout_split
+    from swmcli.data.clips import heldout_split
 
     assert heldout_split(10, 2) == (range(8), range(8, 10))
     assert heldout_split(1, 2) == (range(0), range(1))
@@ -301,7 +302,7 @@ def test_many_passes_warn_once_and_stay_in_json(tiny_data, tmp_path):
     from typer.testing import CliRunner
 
     from swmcli.cli import app
-    from swmcli.training import open_training_data
+    from swmcli.training.sources import open_training_data
 
     clips = len(open_training_data(_cfg(tiny_data, tmp_path / "r"))[0])
     command = ["train", "--preset", "tiny", "--data", str(tiny_data), "--out", str(tmp_path / "r")]
@@ -335,7 +336,7 @@ def test_resume_refuses_data_that_changed_since_the_run_started(tiny_data, tmp_p
     more = resolve_config("tiny", flags={"collect.out": data, "collect.episodes": 2})
     run_collect(more, MemoryMonitor())
     with pytest.raises(UsageError, match=r"10 episodes .* then, 12 .* now"):
-        run_train(_cfg(data, run), MemoryMonitor(), resume=True, steps=4)
+        run_train(with_settings(_cfg(data, run), {"train.steps": 4}), MemoryMonitor(), resume=True)
     assert load_checkpoint(run)["step"] == 2
 
 
@@ -349,7 +350,7 @@ def test_clip_order_holds_one_epoch_whatever_the_steps():
 def _with_actions(tiny_data, path, value):
     """A copy of ``tiny_data`` whose episodes' actions are all ``value`` (but for the last row's
     end-of-episode marker), so that every clip meets one."""
-    from swmcli.core.storage import open_reader, open_writer
+    from swmcli.data.formats import open_reader, open_writer
 
     reader = open_reader(tiny_data)
     episodes = [reader.read_episode(i) for i in range(reader.num_episodes)]

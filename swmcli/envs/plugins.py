@@ -19,6 +19,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from swmcli.envs import pusht
+from swmcli.envs.tworoom import TwoRoomEnv, tworoom_expert
 from swmcli.errors import UsageError
 
 
@@ -35,7 +37,6 @@ class EnvPlugin:
 
 
 def _is_tworoom(unwrapped) -> bool:
-    from swmcli.envs.tworoom import TwoRoomEnv
 
     return isinstance(unwrapped, TwoRoomEnv)
 
@@ -46,7 +47,6 @@ def _tworoom_restore(env, state, goal_state, seed):
 
 
 def _tworoom_expert(env, seed: int, noise: float):
-    from swmcli.envs.policies import tworoom_expert
 
     return tworoom_expert(env, seed, noise)
 
@@ -69,7 +69,6 @@ def _is_gym_pusht(unwrapped) -> bool:
 
 def _gym_pusht(part: str):
     def call(*args):
-        from swmcli.envs import pusht
 
         return getattr(pusht, part)(*args)
 
@@ -116,8 +115,6 @@ def can_restore(env) -> bool:
 
 def check_restorable(env) -> None:
     """Refuse, in one line, an env that cannot be set to a recorded state."""
-    from swmcli.envs import env_name
-
     if not can_restore(env):
         raise UsageError(
             f"{env_name(env)} cannot be set to a recorded state, which --protocol dataset needs",
@@ -152,3 +149,9 @@ class RecordedGoal(gym.Wrapper):
         observation, reward, terminated, truncated, info = self.env.step(action)
         success = self.plugin.reached(self.env, terminated, info, self.goal_state)
         return observation, reward, success, truncated, {**info, "success": success}
+
+
+def env_name(env) -> str:
+    """The env's registered id, else its class name (for messages)."""
+    spec = getattr(env, "spec", None)
+    return spec.id if spec is not None else type(env.unwrapped).__name__

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import gymnasium as gym
@@ -247,3 +248,40 @@ class TwoRoomEnv(gym.Env):
         if not is_free(x, y):
             raise ValueError(f"TwoRoom {key} {(x, y)} is inside a wall or outside the rooms")
         return x, y
+
+
+DOOR_APPROACH = 0.1  # the expert lines up this far in front of the door, on either side
+DOOR_ALIGNED = 0.04  # |y - door centre| under which the expert heads straight through
+
+
+def tworoom_expert(env, seed: int, noise: float) -> Callable[[dict], np.ndarray]:
+    """TwoRoom's expert: toward the goal (via the door), plus Gaussian ``noise``, clipped."""
+    rng = np.random.default_rng(seed)
+
+    def act(observation: dict) -> np.ndarray:
+        x, y = (float(v) for v in observation["state"])
+        goal_x, goal_y = (float(v) for v in observation["goal"])
+        target_x, target_y = expert_waypoint(x, y, goal_x, goal_y)
+        # Full speed toward the waypoint, slowing only within one step of it; the max-norm
+        # keeps the direction when scaling into the action box.
+        action = np.array([target_x - x, target_y - y]) / MAX_STEP
+        action /= max(1.0, float(np.abs(action).max()))
+        action += rng.normal(0.0, noise, size=2)
+        return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+    return act
+
+
+def expert_waypoint(x: float, y: float, goal_x: float, goal_y: float) -> tuple[float, float]:
+    """Where the expert heads from (x, y): the goal if it is in the same room, else the door.
+
+    Through the door in two legs: first a point in front of it on the agent's side, then, once
+    lined up with it (or already in the doorway), a point in front of it on the far side.
+    """
+    if room_of(x) == room_of(goal_x):
+        return goal_x, goal_y
+    side = -1.0 if x < WALL_X else 1.0
+    in_doorway = LEFT_X_MAX < x < RIGHT_X_MIN
+    if in_doorway or abs(y - DOOR_Y) <= DOOR_ALIGNED:
+        return WALL_X - side * DOOR_APPROACH, DOOR_Y
+    return WALL_X + side * DOOR_APPROACH, DOOR_Y

@@ -23,14 +23,15 @@ uses; ``gradient_sync`` lets data-parallel gradient accumulation all-reduce only
 micro-batch (DDP's ``no_sync``, FSDP's ``set_requires_gradient_sync``).
 """
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from swmcli.config import SwmConfig
 from swmcli.errors import UsageError
+from swmcli.models.interface import build_model as build_world_model
+from swmcli.models.interface import model_args
 
 BLOCKS = "blocks"
 
@@ -168,25 +169,6 @@ def check_lever_combination(cfg) -> None:
             )
 
 
-@contextlib.contextmanager
-def gradient_sync(objective, last: bool) -> Iterator[None]:
-    """All-reduce gradients in this backward only when it is the ``last`` micro-batch of a step
-    (earlier ones accumulate locally): DDP's ``no_sync``, FSDP's gradient-sync switch."""
-    if last:
-        yield
-    elif hasattr(objective, "no_sync"):
-        with objective.no_sync():
-            yield
-    elif hasattr(objective, "set_requires_gradient_sync"):
-        objective.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            objective.set_requires_gradient_sync(True)
-    else:
-        yield
-
-
 def shard(objective: nn.Module, device: torch.device) -> nn.Module:
     """``objective`` fully sharded over every rank (FSDP2): each block, then the whole; returns
     it (``fully_shard`` works in place). Make the optimizer after this: it must see the shards."""
@@ -224,3 +206,14 @@ def restore_optimizer(net: nn.Module, optimizer, state: dict, sharded: bool) -> 
 
     options = StateDictOptions(full_state_dict=True)
     set_optimizer_state_dict(net, optimizer, state, options=options)
+
+
+def build_model(cfg: SwmConfig, metadata: dict[str, Any]):
+    """The world model for this config and dataset (swm's or ``model.factory``'s, seeded by
+    ``train.seed``), with its memory levers on."""
+    import torch
+
+
+    check_lever_combination(cfg)
+    torch.manual_seed(cfg.train.seed)
+    return apply_levers(build_world_model(cfg.model, model_args(cfg, metadata)), cfg.runtime)

@@ -18,7 +18,20 @@ from typing import Any
 import numpy as np
 
 from swmcli.config import SwmConfig, with_settings
-from swmcli.memory.trace import StepPeak, cuda_allowance_bytes
+from swmcli.errors import BudgetExceeded
+from swmcli.host import available_host_bytes
+from swmcli.memory.levers import blocks, checkpoint_activations, make_optimizer
+from swmcli.memory.trace import (
+    StepPeak,
+    cuda_allowance_bytes,
+    cuda_autocast_on_cpu,
+    trace_step_peak,
+)
+from swmcli.models.global_batch import simulated_ranks
+from swmcli.models.interface import Objective, build_model
+from swmcli.models.runner import Runner
+from swmcli.training.step import TRAIN_KEYS, optimizer_step
+from swmcli.units import format_bytes
 
 MAX_BUDGET_PREDICTIONS = 32  # the budget search's cap; near-linear memory needs 2 or 3
 LINE_GUESSES = 3  # then bisection
@@ -90,7 +103,6 @@ def train_step(
 ) -> None:
     """One optimizer step exactly as ``swm train`` takes it (its own ``optimizer_step``), with
     ``batch`` standing for each micro-batch: a later one runs with the gradients alive."""
-    from swmcli.training import optimizer_step
 
     optimizer_step(objective, optimizer, [batch] * micro_batches, runner, grad_clip, micro_batches)
 
@@ -116,7 +128,6 @@ def clip_batch(step: dict[str, np.ndarray], variant: Variant, device: str = "cpu
     """
     import torch
 
-    from swmcli.training import TRAIN_KEYS
 
     batch = {}
     leading = (variant.rank_batch_size, variant.history_len)
@@ -137,7 +148,6 @@ def cuda_runner(variant: Variant):
     """A Runner on the GPU in ``variant``'s precision, for measuring the same step for real."""
     import torch
 
-    from swmcli.core.runner import Runner
 
     dtype = torch.bfloat16 if variant.bf16 else torch.float32
     return Runner(torch.device("cuda"), dtype, "memprofile", compile=variant.compile)
@@ -158,7 +168,6 @@ class TraceRunner:
         """bf16 autocast as CUDA does it, or nothing in fp32."""
         import torch
 
-        from swmcli.memory.trace import cuda_autocast_on_cpu
 
         if not self.bf16:
             return contextlib.nullcontext()
@@ -191,8 +200,6 @@ class PeakPredictor:
         wrapped); traces use fake copies of it."""
         key = (history_len, frameskip, checkpointing)
         if key not in self._models:
-            from swmcli.memory.levers import checkpoint_activations
-            from swmcli.models.protocol import build_model
 
             shape = {
                 "resolution": self.cfg.env.resolution,
@@ -214,8 +221,6 @@ class PeakPredictor:
         """
         variant = replace(variant, compile=False)
         if variant not in self._peaks:
-            from swmcli.memory.trace import trace_step_peak
-            from swmcli.models.global_batch import simulated_ranks
 
             start = time.perf_counter()
             model = self.model(variant.history_len, variant.frameskip, variant.checkpointing)
@@ -235,8 +240,6 @@ class PeakPredictor:
 
     def _train_maker(self, variant: Variant) -> Callable:
         def make(model):
-            from swmcli.memory.levers import make_optimizer
-            from swmcli.models.protocol import Objective
 
             batch = clip_batch(self.step, variant)
             objective = Objective(model, self.cfg.model)
@@ -286,7 +289,6 @@ def _with_shards(peak: StepPeak, model, ranks: int) -> StepPeak:
     weights (gathered for the whole step), its unsharded gradients and their flat reduce-scatter
     copy (3x the root), and two blocks' weights and gradients (the one computing and the one
     prefetched: 4x the largest block)."""
-    from swmcli.memory.levers import blocks
 
     def weights(module) -> int:
         return sum(p.numel() * p.element_size() for p in module.parameters())
@@ -347,9 +349,6 @@ def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device
     """
     import torch
 
-    from swmcli.errors import BudgetExceeded
-    from swmcli.memory.measure import available_host_bytes
-    from swmcli.units import format_bytes
 
     probe = with_settings(cfg, {"env.resolution": resolution})
     step = {

@@ -15,7 +15,7 @@ to zero (collapse). Two regularizers are offered:
 import torch
 
 from swmcli.models.global_batch import gather_rows
-from swmcli.models.protocol import rollout
+from swmcli.models.rollout import rollout
 
 SIGREG_SLICES = 256  # random directions per step
 SIGREG_KNOTS = 17  # quadrature points t in [0, SIGREG_T_MAX] for the characteristic function

@@ -12,6 +12,7 @@ compiles in place for ``--compile`` as it does for any model brought with ``--mo
 import torch
 from torch import nn
 
+from swmcli.errors import UsageError
 from swmcli.models.encoder import CNNEncoder, ViTEncoder
 from swmcli.models.predictor import Predictor
 
@@ -61,7 +62,6 @@ def build_world_model(
     its length, and ``history_len`` must be at least 2.
     """
     if history_len < 2:
-        from swmcli.errors import UsageError
 
         raise UsageError(
             f"history_len {history_len} leaves no next observation to predict",

@@ -1,0 +1,136 @@
+"""``swm convert`` and ``swm info``: a dataset copied between formats, or described.
+
+The copy itself (streamed, verified by checksums, renamed into place) is
+``core/storage/copy.py``; this job shows its progress and builds the result.
+"""
+
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from swmcli.data.copy import copy_dataset
+from swmcli.data.exports.layouts import LAYOUTS, export_dataset
+from swmcli.data.foreign.reader import parse_mapping
+from swmcli.data.formats import open_reader
+from swmcli.data.verify import verify as verify_checksums
+from swmcli.errors import UsageError
+from swmcli.report import CommandResult, Table, progress, warn
+
+
+def run_convert(
+    src: str | Path,
+    dst: str | Path,
+    to: str | None = None,
+    keys: list[str] | None = None,
+    overwrite: bool = False,
+    mapping: list[str] | None = None,
+    layout: str = "swm",
+    monitor=None,
+    skip_damaged: bool = False,
+) -> CommandResult:
+    """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
+    lance), keeping only ``keys`` if given, with a progress bar; the result names both sizes.
+    ``mapping`` (``SRC=DST`` pairs) renames another tool's columns on the way in; ``layout``
+    "stable-worldmodel" writes that tool's own Lance or HDF5 layout instead of swm's.
+    ``monitor`` (a MemoryMonitor) measures it as the phase "convert"; ``skip_damaged`` leaves
+    out (and counts) episodes that fail their checksum.
+    """
+
+    if layout not in LAYOUTS:
+        raise UsageError(f"unknown layout {layout!r}", hint=f"use one of {', '.join(LAYOUTS)}")
+    if layout != "swm" and to is not None:
+        raise UsageError(f"--to and --layout {layout} together", hint="--to is for swm's formats")
+    if layout != "swm" and skip_damaged:
+        raise UsageError(
+            f"--skip-damaged and --layout {layout} together",
+            hint="convert to swm's layout first with --skip-damaged, then export that",
+        )
+    started = time.perf_counter()
+    with _phase(monitor, "convert"), progress("convert", total=_episode_count(src)) as advance:
+        copied = (copy_dataset if layout == "swm" else export_dataset)(
+            src,
+            dst,
+            keys=keys,
+            overwrite=overwrite,
+            on_episode=lambda *_: advance(1),
+            mapping=parse_mapping(mapping),
+            **({"to": to, "skip_damaged": skip_damaged} if layout == "swm" else {"layout": layout}),
+        )
+    fields = {
+        "src": str(copied.src),
+        "dst": str(copied.dst),
+        "format": copied.format,
+        "episodes": copied.episodes,
+        "steps": copied.steps,
+        "src_size_bytes": copied.src_size_bytes,
+        "dst_size_bytes": copied.dst_size_bytes,
+        "verified": True,
+        "skipped_damaged_episodes": len(copied.skipped),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    warnings = []
+    if copied.skipped:
+        shown = "; ".join(f"episode {e}: {why}" for e, why in list(copied.skipped.items())[:5])
+        warnings.append(warn(f"left out {len(copied.skipped)} damaged episodes: {shown}"))
+    return CommandResult(title="swm convert", fields=fields, warnings=warnings)
+
+
+def _episode_count(path: str | Path) -> int:
+    """The episodes of the dataset at ``path``, for the progress bar."""
+
+    reader = open_reader(path)
+    try:
+        return reader.num_episodes
+    finally:
+        reader.close()
+
+
+def _phase(monitor, name: str):
+    return monitor.phase(name) if monitor is not None else nullcontext()
+
+
+def run_info(
+    path: str | Path, verify: bool = False, mapping: list[str] | None = None, monitor=None
+) -> CommandResult:
+    """What ``swm info PATH`` shows: format, episodes, steps, bytes on disk and per step, the
+    metadata, and a table of keys with their per-row dtype and shape. ``verify`` first reads
+    every episode against its checksums and fails naming the damaged ones. Another tool's
+    dataset also shows its codec, whether it is lossy, its convention and the column mapping
+    (``mapping``: ``SRC=DST`` overrides). ``monitor`` (a MemoryMonitor) measures it as the
+    phase "inspect".
+    """
+    with _phase(monitor, "inspect"):
+        return _info(path, verify, mapping)
+
+
+def _info(path: str | Path, verify: bool, mapping: list[str] | None) -> CommandResult:
+    import numpy as np
+
+
+    reader = open_reader(path, parse_mapping(mapping))
+    try:
+        verified = verify_checksums(reader) if verify else {}
+        on_disk = reader.nbytes_on_disk
+        steps = reader.num_steps
+        fields = {
+            "path": str(path),
+            "format": reader.format,
+            "episodes": reader.num_episodes,
+            "steps": steps,
+            "on_disk_bytes": on_disk,
+            "per_step_bytes": on_disk // steps if steps else None,
+        }
+        fields.update({k: v for k, v in reader.metadata.items() if k != "keys"})
+        # Datasets written before metadata checksums (and foreign ones) cannot be checked.
+        sealed = reader.metadata_sealed
+        fields["metadata_checksums"] = "verified" if sealed else "unverified metadata"
+        fields.update(verified)
+        rows = [
+            [key, np.dtype(dtype).name, list(shape), np.dtype(dtype).itemsize * int(np.prod(shape))]
+            for key, (dtype, shape) in reader.keys.items()
+        ]
+    finally:
+        reader.close()
+    columns = ["key", "dtype", "shape", "raw bytes"]
+    table = Table(title="keys (per step)", columns=columns, rows=rows)
+    return CommandResult(title="swm info", fields=fields, tables=[table])

@@ -1,0 +1,300 @@
+"""`swm train`: train a world model on clips from a dataset, or collected online.
+
+Read top to bottom: ``run_train`` takes the run directory's lock, sets up (``_set_up``: the
+run's config, the device, the data, the model with its levers, AdamW, the checkpoint when
+resuming), then loops over the steps: ``grad_accum`` micro-batches through
+``training.step.optimizer_step`` (the very step ``swm memprofile`` traces), a log line, a
+checkpoint every ``checkpoint_every`` steps; ``_result`` reports.
+
+The loop reads its clips through ``training.sources.TrainingData`` only: a dataset's training
+episodes streamed from disk or loaded into a ReplayBuffer when they fit the RAM budget
+(``StoredData``), or episodes a policy collects into a capped ring while the model trains
+(``training.online.OnlineData``).
+
+Reproducible: the clip order of every step is a function of (seed, step) (``ClipOrder``), the
+model init and SIGReg's random directions come from torch's seeded generator, and checkpoints
+carry that generator's state, so ``--resume`` continues with exactly the losses an uninterrupted
+run would have had, streamed or in memory (the two read the same clips).
+
+Data-parallel under torchrun (``training.distributed``): every rank runs this loop on its share
+of each global batch, DDP averages the gradients, batch statistics see the global batch, rank 0
+alone writes and reports; ``runtime.nproc`` > 1 outside torchrun launches the ranks.
+"""
+
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from swmcli import config
+from swmcli.data.storage.lock import run_lock
+from swmcli.errors import SwmError, UsageError
+from swmcli.interrupts import deferred_interrupts
+from swmcli.memory import levers
+from swmcli.memory.measure import rank_peaks
+from swmcli.memory.predict import check_training_fits
+from swmcli.models.interface import Objective, model_args
+from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
+from swmcli.report import CommandResult, format_seconds, info, progress, silence, warn
+from swmcli.training import checkpoints, distributed
+from swmcli.training.loggers import check_installed, log_once
+from swmcli.training.metrics import (
+    LOSS_CURVE_FILE,
+    METRICS_FILE,
+    draw_loss_curve,
+    metrics_log,
+    trim_metrics,
+)
+from swmcli.training.online import OnlineData
+from swmcli.training.run_directory import run_config
+from swmcli.training.sources import ActionCheck, StoredData, TrainingData
+from swmcli.training.step import learning_rate, logged_figures, model_bytes, optimizer_step
+from swmcli.units import format_bytes
+
+# Steady steps counted by the live-tensor tracker (CPU): the first sees the weights and AdamW state
+# only as it touches them, the second counts them from its start; later steps are alike, untracked.
+TRACKED_STEADY_STEPS = 2
+
+
+def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: bool = False):
+    """Train into the run directory ``cfg.train.out``; with ``resume``, continue its checkpoint
+    with ``cfg`` (the run's saved config, changed only where a resume may change it).
+
+    Writes ``config.json``, ``checkpoint.pt`` (atomic, every ``train.checkpoint_every`` steps and
+    at the end), ``metrics.jsonl`` and ``loss_curve.png`` under the directory's writer lock.
+    Memory phases: preflight, setup, the first step (with compilation), the steady state. Ctrl-C
+    or SIGTERM stops after the step in progress (every rank at the same one) with a checkpoint
+    (exit 130). Returns the result; None on ranks but 0, and when it launches ``runtime.nproc``
+    torchrun ranks itself (they report, as JSON with ``as_json``).
+    """
+    world = distributed.world_from_env()
+    if world.size == 1 and cfg.runtime.nproc > 1:
+        return _launch(cfg, resume, as_json)
+    if not world.is_main:
+        silence()
+    with ExitStack() as held:
+        if world.is_main:  # before anything is written: a second writer is refused, named
+            held.enter_context(run_lock(cfg.train.out))
+        held.enter_context(distributed.joined(world, cfg.train.out))
+        run = _set_up(cfg, monitor, resume, world)
+        cfg, data, run_dir, last_step = run.cfg, run.data, run.run_dir, run.cfg.train.steps
+        check = ActionCheck(cfg.data.path, run.args["action_dim"], data.warnings)
+        clips_per_step = cfg.train.batch_size * cfg.train.grad_accum
+        last: dict[str, float] = {}
+        steady_seconds = 0.0
+        with (
+            closing(data),
+            progress("train", total=last_step - run.start) as advance,
+            metrics_log(run_dir, cfg.train.loggers, run.start, world.is_main) as log,
+            deferred_interrupts() as interrupted,
+            ExitStack() as phase,
+        ):
+            for step in range(run.start, last_step):
+                if step == run.start:
+                    phase.enter_context(monitor.phase("first step (incl. compile)"))
+                elif step == run.start + 1:
+                    phase.close()
+                    phase.enter_context(monitor.phase("steady state"))
+                began = time.perf_counter()
+                micro = [next(run.batches) for _ in range(cfg.train.grad_accum)]
+                check(micro)
+                for group in run.optimizer.param_groups:
+                    group["lr"] = learning_rate(step, last_step, cfg.train.lr)
+                # A generator: each micro-batch moves to the device only when its turn comes.
+                on_device = (run.runner.to_device(batch) for batch in micro)
+                parts, grad_norm = optimizer_step(
+                    run.net, run.optimizer, on_device, run.runner, cfg.train.grad_clip, len(micro)
+                )
+                last = logged_figures(parts, grad_norm, run.optimizer, world)
+                if step - run.start >= TRACKED_STEADY_STEPS:
+                    monitor.stop_tracking()  # their peak is every step's; the rest runs untracked
+                seconds = time.perf_counter() - began
+                steady_seconds += seconds if step > run.start else 0.0
+                last["clips_per_s"] = clips_per_step / seconds
+                done = step + 1
+                if done % cfg.train.log_every == 0 or done == last_step or step == run.start:
+                    log(done, last)
+                stop = distributed.any_rank(interrupted(), world)
+                if stop or done % cfg.train.checkpoint_every == 0 or done == last_step:
+                    run.checkpoint(done)
+                advance(1, loss=last["loss"], clips_per_s=round(last["clips_per_s"], 1))
+                if step == run.start + 1 and done < last_step:
+                    info(
+                        f"estimate: about {format_seconds((last_step - done) * seconds)} for the "
+                        f"remaining {last_step - done} steps ({seconds:.3g} s per step, measured "
+                        f"on step {done})"
+                    )
+                if stop:
+                    _stopped(done, run_dir, world)
+        steady_steps = last_step - run.start - 1  # the first step compiles: not steady
+        steady = clips_per_step * steady_steps / steady_seconds if steady_steps else None
+        return _result(run, monitor, last, steady, steady_seconds, resume)
+
+
+def _launch(cfg: config.SwmConfig, resume: bool, as_json: bool) -> None:
+    """``swm train --nproc N``: the same training as ``N`` torchrun ranks on this machine, each
+    reading this resolved config (resuming: the run's, with what this resume changes)."""
+    distributed.check_batch_split(distributed.World(size=cfg.runtime.nproc), cfg.train.batch_size)
+    with tempfile.TemporaryDirectory(prefix="swm-launch-") as directory:
+        config_file = Path(directory) / "config.json"
+        config_file.write_text(cfg.model_dump_json())
+        arguments = ["train", "--config", str(config_file)]
+        if resume:
+            arguments += ["--resume", *(f"--set={item}" for item in config.resumable_items(cfg))]
+        arguments += ["--json"] if as_json else []
+        info(f"launching {cfg.runtime.nproc} data-parallel processes with torchrun")
+        distributed.launch(cfg.runtime.nproc, arguments)
+
+
+@dataclass
+class _Run:
+    """What the training loop trains with (``_set_up`` builds it)."""
+
+    cfg: config.SwmConfig  # the run's config, as saved in its directory
+    run_dir: Path
+    world: Any
+    runner: Any
+    data: TrainingData
+    model: Any  # the world model, as checkpoints hold it
+    net: Any  # what a step runs: the model's objective, or its data-parallel wrapper
+    optimizer: Any
+    args: dict[str, int]  # ``model_args``: the clip shape the model is built for
+    start: int  # the first step to train (0, or the checkpoint's step)
+    batches: Iterator[dict]  # the host batches of steps ``start ..``, in order
+    fingerprint: dict | None  # what the stored data looks like (``data_fingerprint``)
+
+    def checkpoint(self, step: int) -> None:
+        """Save the run at ``step`` with its config and data fingerprint (rank 0; atomic)."""
+        # Every rank: a sharded run gathers its shards here; rank 0 writes.
+        model_state, optimizer_state = levers.training_state(
+            self.model, self.net, self.optimizer, self.cfg.runtime.shard
+        )
+        if self.world.is_main:
+            checkpoints.save_checkpoint(
+                self.run_dir,
+                model=model_state,
+                optimizer=optimizer_state,
+                step=step,
+                model_args=self.args,
+                config_text=config.config_text(self.cfg),
+                data_fingerprint=self.fingerprint,
+            )
+
+
+def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
+    """The run's config and directory, device, data, model, optimizer and first step."""
+    check_installed(cfg.train.loggers)
+    cfg = run_config(cfg, resume, world)
+    run_dir = Path(cfg.train.out)
+    state = checkpoints.load_checkpoint(run_dir) if resume else None  # verified
+    runner = make_runner(
+        bf16=cfg.runtime.bf16,
+        compile=cfg.runtime.compile,
+        device=distributed.rank_device(world),
+        cpu_threads=cfg.runtime.cpu_threads,
+    )
+    if note := untrack_tensors_if_compiling(runner, monitor):
+        info(note)
+    compiled = "on" if runner.compile else "off"
+    info(f"device {runner.device}; {runner.dtype_reason}; compile {compiled}")
+    if world.size > 1:
+        share = distributed.check_batch_split(world, cfg.train.batch_size)
+        info(f"data-parallel: {world.size} ranks, each reads {share} clips of every batch")
+    fingerprint = None
+    with monitor.phase("preflight", track_tensors=False):
+        if cfg.online.enabled and world.size > 1:
+            raise UsageError(
+                "--online collects and trains in one process: it does not run data-parallel",
+                hint="drop --nproc (or torchrun), or train data-parallel from a dataset",
+            )
+        data = OnlineData(cfg, resume) if cfg.online.enabled else StoredData(cfg, world)
+        args = model_args(cfg, data.metadata)
+        needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
+        info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
+        if data.episode_lengths is not None:  # a stored dataset: resuming needs the same one
+            fingerprint = checkpoints.data_fingerprint(data.episode_lengths)
+            checkpoints.check_data_fingerprint(run_dir, fingerprint, state, write=world.is_main)
+    if data.loads:
+        with monitor.phase("load into memory"):
+            data.load()
+    with monitor.phase("setup"):
+        model = levers.build_model(cfg, data.metadata)
+        start = state["step"] if state else 0
+        if start >= cfg.train.steps:
+            raise UsageError(
+                f"{run_dir} is already trained to step {start}",
+                hint=f"pass --steps larger than {start} to train further",
+            )
+        if state:
+            checkpoints.restore_model(model, state, checkpoints.checkpoint_path(run_dir))
+        runner.prepare(model)
+        objective = Objective(model, cfg.model)
+        sharded = cfg.runtime.shard
+        if sharded:
+            net = levers.shard(objective, runner.device)
+        else:
+            net = distributed.wrap(objective, world, runner.device)
+        # After .to(device) and sharding: the optimizer's state sits where the parameters do.
+        optimizer = levers.make_optimizer(model, cfg.train, cfg.runtime.optimizer_in_backward)
+        if state:
+            levers.restore_optimizer(net, optimizer, state["optimizer"], sharded)
+        data.use_model(model, runner)
+        batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...
+        if state:
+            checkpoints.restore_rng(state)  # ... so the checkpointed state is restored after it
+        if world.is_main and (damaged := trim_metrics(run_dir / METRICS_FILE, start)):
+            warn(f"{run_dir / METRICS_FILE}: {damaged} damaged line(s) dropped")
+    model.train()
+    return _Run(cfg, run_dir, world, runner, data, model, net, optimizer, args, start, batches,
+                fingerprint)  # fmt: skip
+
+
+def _stopped(step: int, run_dir: Path, world) -> None:
+    """Leave after an interrupted ``step`` (checkpointed): rank 0 reports it for every rank."""
+    if not world.is_main:
+        raise SystemExit(130)
+    raise SwmError(
+        f"interrupted after step {step}: checkpoint saved in {run_dir}",
+        hint=f"swm train --out {run_dir} --resume continues from step {step}",
+        exit_code=130,
+    )
+
+
+def _result(run: _Run, monitor, last: dict, steady, steady_seconds: float, resume: bool):
+    """The run's result (rank 0; every rank's memory peaks), its loss curve drawn and logged."""
+    cfg, world, model, runner, run_dir = run.cfg, run.world, run.model, run.runner, run.run_dir
+    every_rank = distributed.gather_objects(monitor.report.phases, world)
+    if not world.is_main:
+        return None
+    if world.size > 1:
+        monitor.report.phases += rank_peaks(every_rank)
+    curve = draw_loss_curve(run_dir / METRICS_FILE, run_dir / LOSS_CURVE_FILE)
+    log_once(cfg.train.loggers, run_dir, cfg.train.steps, pictures={"train/loss_curve": curve})
+    return CommandResult(
+        title="swm train",
+        fields={
+            "run_dir": str(run_dir),
+            "steps": cfg.train.steps,
+            "resumed_from_step": run.start if resume else None,
+            **run.data.fields(),
+            "model_bytes": model_bytes(model, run.optimizer),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "device": str(runner.device),
+            "dtype": str(runner.dtype).removeprefix("torch."),
+            "compile": runner.compile,
+            "ranks": world.size,
+            "clips_per_rank": cfg.train.batch_size // world.size,
+            "final_loss": last.get("loss"),
+            "final_prediction_loss": last.get("prediction"),
+            "final_latent_rank": last.get("latent_rank"),
+            "steady_clips_per_s": steady,
+            "steady_seconds": steady_seconds,
+            "checkpoint": str(checkpoints.checkpoint_path(run_dir)),
+            "loss_curve": str(run_dir / LOSS_CURVE_FILE),
+        },
+        notes=[runner.dtype_reason, *run.data.notes],
+        warnings=run.data.warnings,
+    )

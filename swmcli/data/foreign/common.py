@@ -1,0 +1,104 @@
+"""What the foreign readers share: the layouts' names, the source protocol, and the checks that
+keep an untrusted file inside its dataset and its claimed sizes honest.
+"""
+
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from swmcli.data.storage.schema import Schema
+from swmcli.errors import DatasetError, first_line
+
+UPSTREAM_LANCE = "stable-worldmodel-lance"
+
+
+UPSTREAM_HDF5 = "stable-worldmodel-hdf5"
+
+
+UPSTREAM_FOLDER = "stable-worldmodel-folder"
+
+
+UPSTREAM_VIDEO = "stable-worldmodel-video"
+
+
+MINARI = "minari"
+
+
+LEROBOT = "lerobot"
+
+
+UPSTREAM = (UPSTREAM_LANCE, UPSTREAM_HDF5, UPSTREAM_FOLDER, UPSTREAM_VIDEO)
+
+
+FOREIGN_FORMATS = (*UPSTREAM, MINARI, LEROBOT)
+
+
+DAMAGED_HINT = "the dataset is damaged or not what it claims to be: re-download or re-export it"
+
+
+class Source(Protocol):
+    """What a foreign layout's module offers the front: rows already in swm's convention."""
+
+    lengths: np.ndarray  # rows of each episode, in swm's convention
+    columns: Schema  # source column name -> (dtype, per-row shape) as read
+    info: dict  # what to tell the user: convention, codec, lossy, dropped columns ...
+    defaults: dict[str, str]  # source column -> swm key where the name alone does not say it
+
+    def read(self, name: str, rows: np.ndarray) -> np.ndarray: ...
+    def close(self) -> None: ...
+
+
+def is_hdf5(path: Path) -> bool:
+    """Whether the file at ``path`` starts with HDF5's signature."""
+    with path.open("rb") as handle:
+        return handle.read(8) == b"\x89HDF\r\n\x1a\n"
+
+
+@contextmanager
+def reading(path, on_error: Callable[[], None] | None = None):
+    """Whatever a damaged file makes h5py, Lance or Pillow raise becomes one DatasetError line
+    (``on_error`` runs first, e.g. to close the file)."""
+    try:
+        yield
+    except BaseException as error:
+        if on_error is not None:
+            on_error()
+        if isinstance(error, DatasetError) or not isinstance(error, Exception):
+            raise
+        raise DatasetError(f"cannot read {path}: {first_line(error)}", DAMAGED_HINT) from None
+
+
+def check_stored(name: str, claimed_bytes: int, stored_bytes: int, where, ratio: int = 1) -> None:
+    """Refuse a header that claims more bytes than are stored (times ``ratio`` for compressed
+    data): what a hostile or truncated file would otherwise make swm allocate."""
+    if claimed_bytes > max(stored_bytes, 0) * ratio:
+        raise DatasetError(
+            f"{where}: {name} claims {claimed_bytes} bytes but only {stored_bytes} are stored",
+            DAMAGED_HINT,
+        )
+
+
+def check_lengths(lengths: np.ndarray, rows: int, where) -> np.ndarray:
+    """Episode lengths that are positive and add up to the rows stored."""
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
+        raise DatasetError(f"{where}: the episode lengths are not a list of integers", DAMAGED_HINT)
+    lengths = lengths.astype(np.int64)
+    if np.any(lengths <= 0) or int(lengths.sum()) != rows:
+        raise DatasetError(
+            f"{where}: episode lengths add up to {int(lengths.sum())} rows, {rows} are stored",
+            DAMAGED_HINT,
+        )
+    return lengths
+
+
+def inside(root: Path, relative: str) -> Path:
+    """``root / relative``, refused when it would lead out of ``root`` (a dataset naming
+    ``../../etc/passwd`` or an absolute path)."""
+    target = (root / relative).resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise DatasetError(f"{root}: names a path outside the dataset ({relative})", DAMAGED_HINT)
+    return target

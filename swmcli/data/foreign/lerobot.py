@@ -1,0 +1,270 @@
+"""LeRobot v3 datasets, read: ``meta/info.json``, parquet data and episode files, MP4 videos
+holding several episodes each (decoded with PyAV: ``pip install 'swmcli[video]'``).
+
+``info.json`` names the features (dtype, shape), the fps and the path templates of the data and
+video files; ``meta/episodes/*/*.parquet`` gives each episode its length, its rows in the data
+files (``dataset_from_index``..``dataset_to_index`` of the global ``index`` column) and, per video
+key, its file and its ``from_timestamp`` there. A frame t holds the observation, the action taken
+at it and ``next.reward``/``next.done`` (what followed that action). In swm's convention the
+frames stay rows, the last action becomes NaN, and ``next.*`` move one row down (0/False on the
+first row; the last frame's ``next.*`` has no row). Video frames are matched by timestamp
+(``from_timestamp`` + the frame's own ``timestamp``), within half a frame.
+
+Untrusted input: the path templates may only name ``chunk_index``/``file_index``/``video_key``
+and every path they make must stay inside the dataset; counts and lengths are checked against the
+rows the parquet files hold; a video's frame size must be the one ``info.json`` declares.
+"""
+
+import json
+import string
+from pathlib import Path
+
+import numpy as np
+
+from swmcli.data.foreign.common import DAMAGED_HINT, LEROBOT, inside, reading
+from swmcli.data.foreign.jpeg import MAX_SIDE
+from swmcli.data.foreign.video import codec_name, decode_at
+from swmcli.errors import DatasetError
+
+_INDEX_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
+_ARRIVAL = {"next.reward": "reward", "next.done": "terminated", "next.truncated": "truncated"}
+_KEYS = {"observation.state": "proprio", "observation.environment_state": "state", **_ARRIVAL}
+_NUMBERS = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+_TEMPLATE_FIELDS = {"chunk_index", "file_index", "video_key", "episode_index"}
+_MAX_INFO_BYTES = 4 * 2**20
+_CONVENTION = "LeRobot: frame t = observation, action taken at it, next.reward/next.done after it"
+_ALIGNMENT = (
+    "rows kept; last row's action set to NaN; next.* one row down (0/False on the first), the "
+    "last frame's next.done kept on the last row (as terminated)"
+)
+
+
+def detect(path: Path) -> str | None:
+    """LEROBOT for a directory whose meta/info.json says codebase_version v3.x."""
+    info = path / "meta" / "info.json"
+    if not path.is_dir() or not info.is_file() or info.stat().st_size > _MAX_INFO_BYTES:
+        return None
+    try:
+        return (
+            LEROBOT
+            if str(json.loads(info.read_text())["codebase_version"]).startswith("v3")
+            else None
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def open_source(path: Path):
+    return LeRobotSource(path)
+
+
+def _template(info: dict, key: str, where) -> str:
+    """A path template of info.json, refused if it names anything but the known fields."""
+    template = info.get(key)
+    if not isinstance(template, str):
+        raise DatasetError(f"{where}: info.json has no {key}", DAMAGED_HINT)
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is not None and field not in _TEMPLATE_FIELDS:
+            raise DatasetError(f"{where}: {key} names the field {field!r}", DAMAGED_HINT)
+    return template
+
+
+class LeRobotSource:
+    """Rows of a LeRobot v3 dataset in swm's convention."""
+
+    def __init__(self, root: Path):
+        self.path = root
+        with reading(root):
+            self._open(json.loads((root / "meta" / "info.json").read_text()))
+
+    def _open(self, info: dict) -> None:
+        self.fps = float(info["fps"])
+        if not self.fps > 0:
+            raise DatasetError(f"{self.path}: fps {info['fps']} in info.json", DAMAGED_HINT)
+        features = info["features"]
+        self._videos, self.columns, dropped = {}, {}, {}
+        for name, feature in features.items():
+            dtype, shape = feature.get("dtype"), tuple(int(n) for n in feature.get("shape", ()))
+            if name in _INDEX_FEATURES:
+                continue
+            if dtype == "video":
+                self._videos[name] = _frame_shape(shape, feature.get("names"), self.path)
+                self.columns[name] = (np.dtype(np.uint8), self._videos[name])
+            elif dtype in _NUMBERS:
+                if name == "action" and dtype not in ("float16", "float32", "float64"):
+                    dtype = "float32"  # the last row's action is NaN
+                scalar = shape in ((), (1,)) and name != "action"
+                self.columns[name] = (np.dtype(dtype), () if scalar else shape)
+            else:
+                dropped[name] = f"{dtype} (swm stores numbers and frames)"
+        self._data_template = _template(info, "data_path", self.path)
+        self._video_template = _template(info, "video_path", self.path) if self._videos else None
+        self._episodes = self._read_episodes(info)
+        self.lengths = self._episodes["length"]
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self._files = {}  # data file -> (sorted global indices, their rows in the file)
+        self._cache = {}  # (data file, column) -> its values
+        codecs = sorted({self._codec(name) for name in self._videos})
+        self.defaults = self._default_keys(info.get("swm_keys"))
+        self.info = {
+            "codec": ", ".join(codecs) if codecs else "parquet (numbers only)",
+            "lossy": f"frames ({', '.join(self._videos)})" if self._videos else False,
+            "convention": _CONVENTION,
+            "alignment": _ALIGNMENT,
+            "fps": self.fps,
+        }
+        if dropped:
+            self.info["not_imported"] = dropped
+
+    def _read_episodes(self, info: dict) -> dict[str, np.ndarray]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        files = sorted((self.path / "meta" / "episodes").glob("*/*.parquet"))
+        if not files:
+            raise DatasetError(f"{self.path}: no meta/episodes/*/*.parquet", DAMAGED_HINT)
+        wanted = ["episode_index", "length", "data/chunk_index", "data/file_index"]
+        wanted += ["dataset_from_index", "dataset_to_index"]
+        for key in self._videos:
+            wanted += [f"videos/{key}/{field}" for field in ("chunk_index", "file_index")]
+            wanted.append(f"videos/{key}/from_timestamp")
+        table = pa.concat_tables(
+            pq.read_table(inside(self.path, str(f.relative_to(self.path))), columns=wanted)
+            for f in files
+        )
+        episodes = {name: table.column(name).to_numpy() for name in wanted}
+        order = np.argsort(episodes["episode_index"], kind="stable")
+        episodes = {name: values[order] for name, values in episodes.items()}
+        count = len(order)
+        if not np.array_equal(episodes["episode_index"], np.arange(count)):
+            raise DatasetError(f"{self.path}: episode_index is not 0..{count - 1}", DAMAGED_HINT)
+        lengths = episodes["length"].astype(np.int64)
+        spans = episodes["dataset_to_index"] - episodes["dataset_from_index"]
+        if np.any(lengths <= 0) or not np.array_equal(spans, lengths):
+            raise DatasetError(f"{self.path}: episode lengths and data ranges differ", DAMAGED_HINT)
+        total = info.get("total_frames")
+        if total is not None and int(total) != int(lengths.sum()):
+            raise DatasetError(
+                f"{self.path}: info.json counts {total} frames, the episodes {int(lengths.sum())}",
+                DAMAGED_HINT,
+            )
+        episodes["length"] = lengths
+        return episodes
+
+    def _default_keys(self, exported) -> dict[str, str]:
+        """swm's keys: an export's own (``swm_keys`` in info.json), else LeRobot's usual names."""
+        if isinstance(exported, dict):
+            return {str(name): str(key) for name, key in exported.items() if name in self.columns}
+        keys = {name: key for name, key in _KEYS.items() if name in self.columns}
+        if self._videos:
+            keys[next(iter(self._videos))] = "pixels"
+        return keys
+
+    def _data_file(self, episode: int) -> Path:
+        relative = self._data_template.format(
+            chunk_index=int(self._episodes["data/chunk_index"][episode]),
+            file_index=int(self._episodes["data/file_index"][episode]),
+            episode_index=episode,
+        )
+        return inside(self.path, relative)
+
+    def _video_file(self, name: str, episode: int) -> Path:
+        relative = self._video_template.format(
+            video_key=name,
+            chunk_index=int(self._episodes[f"videos/{name}/chunk_index"][episode]),
+            file_index=int(self._episodes[f"videos/{name}/file_index"][episode]),
+            episode_index=episode,
+        )
+        return inside(self.path, relative)
+
+    def _column(self, file: Path, name: str) -> np.ndarray:
+        """A whole numeric column of one data file (a few bytes per frame), kept."""
+        import pyarrow.parquet as pq
+
+        if (file, name) not in self._cache:
+            column = pq.read_table(file, columns=[name]).column(name).combine_chunks()
+            values = column.flatten() if hasattr(column, "flatten") else column
+            array = values.to_numpy(zero_copy_only=False)
+            dtype, shape = self.columns.get(name, (array.dtype, ()))
+            if array.size != len(column) * max(int(np.prod(shape)), 1):
+                raise DatasetError(f"{file}: {name} does not hold {shape} per row", DAMAGED_HINT)
+            self._cache[file, name] = array.reshape(len(column), *shape).astype(dtype)
+        return self._cache[file, name]
+
+    def _positions(self, file: Path, indices: np.ndarray) -> np.ndarray:
+        """Rows of ``file`` holding the frames with these global ``index`` values."""
+        if file not in self._files:
+            stored = self._column_raw(file, "index")
+            order = np.argsort(stored, kind="stable")
+            self._files[file] = (stored[order], order)
+        stored, order = self._files[file]
+        found = np.searchsorted(stored, indices).clip(0, max(len(stored) - 1, 0))
+        if len(stored) == 0 or not np.array_equal(stored[found], indices):
+            raise DatasetError(f"{file}: frames of an episode are missing", DAMAGED_HINT)
+        return order[found]
+
+    def _column_raw(self, file: Path, name: str) -> np.ndarray:
+        import pyarrow.parquet as pq
+
+        return pq.read_table(file, columns=[name]).column(name).to_numpy()
+
+    def _numbers(self, name: str, episode: int, steps: np.ndarray) -> np.ndarray:
+        dtype, shape = self.columns[name]
+        out = np.zeros((len(steps), *shape), dtype=dtype)
+        source, valid = steps, np.ones(len(steps), dtype=bool)
+        if name in _ARRIVAL:
+            valid = steps > 0
+            source = steps[valid] - 1
+        elif name == "action":
+            valid = steps < self.lengths[episode] - 1
+            source = steps[valid]
+            out[~valid] = np.nan
+        file = self._data_file(episode)
+        start = self._episodes["dataset_from_index"][episode]
+        values = self._column(file, name)
+        out[valid] = values[self._positions(file, start + source)]
+        last = steps == self.lengths[episode] - 1
+        if name in _ARRIVAL and dtype.kind == "b" and last.any():  # the episode's end stays on it
+            final = self._positions(file, np.array([start + self.lengths[episode] - 1]))
+            out[last] |= values[final[0]]
+        return out
+
+    def _frames(self, name: str, episode: int, steps: np.ndarray) -> np.ndarray:
+        file = self._data_file(episode)
+        indices = self._episodes["dataset_from_index"][episode] + steps
+        stamps = self._column(file, "timestamp")[self._positions(file, indices)]
+        start = self._episodes[f"videos/{name}/from_timestamp"][episode]
+        return decode_at(
+            self._video_file(name, episode), start + stamps.astype(np.float64), self.fps,
+            self._videos[name],
+        )  # fmt: skip
+
+    def _codec(self, name: str) -> str:
+        with reading(self.path):
+            return codec_name(self._video_file(name, 0))
+
+    def read(self, name: str, rows: np.ndarray) -> np.ndarray:
+        episodes = np.searchsorted(self.offsets, rows, side="right") - 1
+        dtype, shape = self.columns[name]
+        out = np.empty((len(rows), *shape), dtype=dtype)
+        read = self._frames if name in self._videos else self._numbers
+        with reading(self.path):
+            for episode in np.unique(episodes):
+                where = episodes == episode
+                out[where] = read(name, int(episode), rows[where] - self.offsets[episode])
+        return out
+
+    def close(self) -> None:
+        self._cache.clear()
+        self._files.clear()
+
+
+def _frame_shape(shape: tuple, names, where) -> tuple[int, int, int]:
+    """(H, W, 3) of a video feature, whether info.json lists it channels first or last."""
+    if len(shape) != 3:
+        raise DatasetError(f"{where}: a video feature of shape {shape}", DAMAGED_HINT)
+    if isinstance(names, list) and names and names[0] in ("channels", "channel"):
+        shape = (shape[1], shape[2], shape[0])
+    if shape[2] != 3 or max(shape[:2]) > MAX_SIDE or min(shape[:2]) <= 0:
+        raise DatasetError(f"{where}: a video feature of shape {shape}", DAMAGED_HINT)
+    return shape

@@ -1,0 +1,178 @@
+"""Datasets written by other tools, read in swm's convention through swm's own Reader protocol.
+
+``detect(path)`` names a foreign layout (or None: swm's own formats and unknown paths are not
+ours to claim); ``open_reader(path, mapping)`` returns a ``ForeignReader``: one front over a
+*source* (one small module per tool family: ``upstream`` for stable-worldmodel's Lance and HDF5,
+``minari``) that already yields rows in swm's convention (row t = observation t, the reward and
+flags of arriving there, the action taken from it; the last row's action NaN). The front renames
+the source's columns to swm's keys (``mapping``, overridable with ``--map SRC=DST``) and states
+in its metadata what it found: the format, the alignment convention and what was done about it,
+the codec and whether frames are lossy, and which columns were left out and why.
+
+A foreign dataset is untrusted input: sources read with pickling off, never follow a path out of
+the dataset, and check every length and shape a header claims against the bytes actually stored
+before they allocate for it (``check_stored``).
+"""
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from swmcli.data.foreign import lerobot, minari, upstream, upstream_files
+from swmcli.data.foreign.common import (
+    LEROBOT,
+    MINARI,
+    UPSTREAM_FOLDER,
+    UPSTREAM_HDF5,
+    UPSTREAM_LANCE,
+    UPSTREAM_VIDEO,
+    Source,
+)
+from swmcli.data.storage.location import nbytes_under
+from swmcli.data.storage.schema import (
+    INDEX_COLUMNS,
+    Schema,
+    check_keys,
+    offsets_from_lengths,
+    take_rows,
+)
+from swmcli.errors import DatasetError, UsageError
+
+_PROVENANCE = ("codec", "lossy", "convention")
+
+
+def detect(path: Path) -> str | None:
+    """The foreign layout at the local ``path``, or None. Cheap: reads a few bytes, lists a
+    directory; never opens a Lance dataset (that would make this process unsafe to fork)."""
+
+    found = upstream.detect(path) or upstream_files.detect(path) or minari.detect(path)
+    return found or lerobot.detect(path)
+
+
+def parse_mapping(pairs: list[str] | None) -> dict[str, str]:
+    """``["observation.image=pixels", ...]`` -> ``{"observation.image": "pixels"}``; an empty
+    DST (``SRC=``) leaves the column out."""
+    mapping = {}
+    for pair in pairs or []:
+        source, sep, target = pair.partition("=")
+        if not sep or not source.strip():
+            raise UsageError(f"--map takes SRC=DST, got {pair!r}", hint="e.g. --map rgb=pixels")
+        mapping[source.strip()] = target.strip()
+    return mapping
+
+
+def open_reader(path: Path, format: str, mapping: Mapping[str, str] | None = None):
+    """A ``ForeignReader`` over the dataset at ``path`` (its layout ``format`` from ``detect``)."""
+
+    opener = {UPSTREAM_LANCE: upstream.open_lance, UPSTREAM_HDF5: upstream.open_hdf5}
+    opener.update({UPSTREAM_FOLDER: upstream_files.open_source})
+    opener.update({UPSTREAM_VIDEO: upstream_files.open_source})
+    opener.update({MINARI: minari.open_source, LEROBOT: lerobot.open_source})
+    source = opener[format](path)
+    try:
+        return ForeignReader(path, format, source, mapping or {})
+    except BaseException:
+        source.close()
+        raise
+
+
+def default_key(name: str) -> str:
+    """swm's key for a source column: the same name, with the dots Lance refuses as ``_``."""
+    return name.replace(".", "_")
+
+
+class ForeignReader:
+    """swm's Reader protocol over a foreign source: mapped keys, swm's row convention."""
+
+    index_token = None  # the index comes from the source on each open: nothing to cache
+    metadata_sealed = False  # foreign layouts carry no swm metadata checksums
+
+    def __init__(self, path: Path, format: str, source: Source, mapping: Mapping[str, str]):
+        self.path, self.format, self._source = path, format, source
+        unknown = [name for name in mapping if name not in source.columns]
+        if unknown:
+            raise UsageError(
+                f"--map names {', '.join(map(repr, unknown))}, not a column of {path}",
+                hint=f"its columns: {', '.join(source.columns)}",
+            )
+        self._names = {}  # swm key -> source column
+        for name in source.columns:
+            key = mapping.get(name, source.defaults.get(name, default_key(name)))
+            if not key:
+                continue
+            if key in self._names or key in INDEX_COLUMNS:
+                raise UsageError(
+                    f"{name!r} and {self._names.get(key, 'the index')!r} both map to {key!r}",
+                    hint="give one of them another name with --map SRC=DST (SRC= leaves it out)",
+                )
+            self._names[key] = name
+        self.keys: Schema = {key: source.columns[name] for key, name in self._names.items()}
+        self.episode_lengths = np.asarray(source.lengths, dtype=np.int64)
+        self.episode_offsets = offsets_from_lengths(self.episode_lengths)
+        self.num_episodes = len(self.episode_lengths)
+        self.num_steps = int(self.episode_lengths.sum())
+        action = self.keys.get("action")
+        renamed = {name: key for key, name in self._names.items() if name != key}
+        left_out = [name for name in source.columns if name not in self._names.values()]
+        # "source_*": read as provenance once ``swm convert`` has copied them into swm's format
+        self.metadata = {
+            "source_format": format,
+            **{f"source_{k}" if k in _PROVENANCE else k: v for k, v in source.info.items()},
+            "mapping": renamed or "same names",
+            "env_id": None,
+            "resolution": _side(self.keys.get("pixels")),
+            "action_dim": int(np.prod(action[1])) if action else None,
+        }
+        if left_out:
+            self.metadata["left_out_by_map"] = left_out
+
+    @property
+    def nbytes_on_disk(self) -> int:
+        return nbytes_under(self.path)
+
+    def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows (global, swm convention) of one key."""
+        rows = self._check_rows(rows)
+        check_keys(self.keys, [key], self.path)
+        return take_rows(self._source.read(self._names[key], rows), None, out)
+
+    def _check_rows(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_steps):
+            raise DatasetError(f"{self.path}: rows outside 0..{self.num_steps - 1} asked for")
+        return rows
+
+    def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Several keys at the same rows (one read for all, where the source offers it)."""
+        many = getattr(self._source, "read_many", None)
+        if many is None or len(keys) < 2:
+            return {key: self.read_rows(key, rows) for key in keys}
+        rows = self._check_rows(rows)
+        check_keys(self.keys, keys, self.path)
+        values = many([self._names[key] for key in keys], rows)
+        return {key: values[self._names[key]] for key in keys}
+
+    def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
+        if not 0 <= index < self.num_episodes:
+            raise DatasetError(f"{self.path} holds {self.num_episodes} episodes, not {index + 1}")
+        start = int(self.episode_offsets[index])
+        rows = np.arange(start, start + int(self.episode_lengths[index]))
+        return self.read_columns(check_keys(self.keys, keys, self.path), rows)
+
+    def read_checksums(self, index: int) -> None:
+        return None  # foreign layouts carry no per-row checksums
+
+    def read_row_checksums(self, rows: np.ndarray) -> None:
+        return None
+
+    def close(self) -> None:
+        self._source.close()
+
+
+def _side(pixels) -> int | list[int] | None:
+    """swm's resolution: the side of square frames (what a model is built for), else [H, W]."""
+    if pixels is None or len(pixels[1]) < 2:
+        return None
+    height, width = pixels[1][:2]
+    return int(height) if height == width else [int(height), int(width)]

@@ -1,0 +1,311 @@
+"""Folder datasets, for looking at: one PNG per frame plus one ``.npz`` of arrays per episode.
+
+Layout::
+
+    data/run/
+      swm_folder.json                metadata (format, env id, keys, ...)
+      episode_000000/
+        pixels/000000.png ...        one lossless PNG per frame of every image key
+        arrays.npz                   every other key, plus episode_idx and step_idx
+
+An episode is written into a hidden ``.tmp`` directory and renamed into place: the rename is the
+commit, so a reader never sees half an episode.
+"""
+
+import json
+import os
+import re
+import shutil
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+from swmcli.data.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.data.storage.location import nbytes_under
+from swmcli.data.storage.schema import (
+    FOLDER_METADATA,
+    build_metadata,
+    check_keys,
+    check_metadata,
+    check_schema,
+    check_stored_schema,
+    episode_schema,
+    is_image,
+    offsets_from_lengths,
+    read_metadata,
+    rows_by_episode,
+)
+from swmcli.errors import DatasetError
+
+PIXEL_ENCODING = "png (lossless)"
+ARRAYS = "arrays.npz"
+_EPISODE = re.compile(r"^episode_(\d{6,})$")
+_DAMAGED_HINT = "the folder is damaged (a missing or unreadable file): restore it or collect again"
+_CACHED_EPISODES = 8
+
+
+def _png_mode(shape: tuple[int, ...]) -> bool:
+    """PNG holds (H, W), (H, W, 1), (H, W, 3) and (H, W, 4) uint8 frames."""
+    return len(shape) == 2 or (len(shape) == 3 and shape[2] in (1, 3, 4))
+
+
+def _is_png_key(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
+    return np.dtype(dtype) == np.uint8 and is_image(shape) and _png_mode(shape)
+
+
+def _episode_dirs(path: Path) -> list[Path]:
+    """Committed episode directories, in order."""
+    found = sorted(
+        (int(m.group(1)), p) for p in path.iterdir() if p.is_dir() and (m := _EPISODE.match(p.name))
+    )
+    for expected, (index, directory) in enumerate(found):
+        if index != expected:
+            raise DatasetError(f"{path}: episode {expected} is missing (found {directory.name})")
+    return [p for _, p in found]
+
+
+class FolderReader:
+    """Reads a swm folder dataset; keeps a few episodes' arrays in memory, never the frames."""
+
+    format = "folder"
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        file = self.path / FOLDER_METADATA
+        try:
+            raw = file.read_bytes()
+        except OSError as error:
+            raise DatasetError(f"cannot read {file}: {error}", _DAMAGED_HINT) from error
+        self.metadata, self.keys, self.metadata_sealed = read_metadata(raw, file)
+        # What each episode's arrays.npz must hold: the index, every key not stored as PNG
+        # frames, and the row checksums (all datasets with sealed metadata have them).
+        self._array_schema = {
+            "episode_idx": (np.dtype(np.int64), ()),
+            "step_idx": (np.dtype(np.int32), ()),
+            **{k: (d, s) for k, (d, s) in self.keys.items() if not _is_png_key(d, s)},
+        }
+        self._sums_schema = {CHECKSUM_COLUMN: (np.dtype(np.uint32), (len(self.keys),))}
+        self._dirs = _episode_dirs(self.path)
+        self.num_episodes = len(self._dirs)
+        self._lengths: np.ndarray | None = None
+        self._arrays: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+
+    @property
+    def index_token(self) -> str:
+        """Changes whenever an episode is added: keys the episode-index cache."""
+        last = self._dirs[-1].stat().st_mtime_ns if self._dirs else 0
+        return f"folder:{self.num_episodes}:{last}"
+
+    @property
+    def episode_lengths(self) -> np.ndarray:
+        """Rows of each episode (reads every episode's arrays once; cache it with cache_dir)."""
+        if self._lengths is None:
+            lengths = [len(self._episode_arrays(i)["step_idx"]) for i in range(self.num_episodes)]
+            self._check_frames(lengths)
+            self.set_episode_lengths(np.array(lengths, dtype=np.int64))
+        return self._lengths
+
+    def _check_frames(self, lengths: list[int]) -> None:
+        """Every episode has one PNG per step for every image key (a deleted frame is damage)."""
+        png_keys = [key for key, (dtype, shape) in self.keys.items() if _is_png_key(dtype, shape)]
+        for directory, length in zip(self._dirs, lengths, strict=False):
+            for key in png_keys:
+                frames = sum(1 for _ in (directory / key).glob("*.png"))
+                if frames != length:
+                    raise DatasetError(
+                        f"{directory / key} holds {frames} frames for {length} steps",
+                        _DAMAGED_HINT,
+                    )
+
+    def set_episode_lengths(self, lengths: np.ndarray) -> None:
+        """Use a cached episode index instead of scanning (of the first episodes, if the folder
+        has grown since)."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(lengths) > len(self._dirs):
+            raise DatasetError(f"episode index of {self.path} does not match its episodes")
+        self._lengths = lengths
+        self._offsets = offsets_from_lengths(lengths)
+        self.num_episodes = len(lengths)
+
+    @property
+    def episode_offsets(self) -> np.ndarray:
+        """First global row of each episode."""
+        self.episode_lengths  # noqa: B018 - builds the index on first use
+        return self._offsets
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.episode_lengths.sum())
+
+    @property
+    def nbytes_on_disk(self) -> int:
+        return nbytes_under(self.path)
+
+    def _episode_arrays(self, index: int) -> dict[str, np.ndarray]:
+        if index in self._arrays:
+            self._arrays.move_to_end(index)
+            return self._arrays[index]
+        try:
+            with np.load(self._dirs[index] / ARRAYS) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+        except Exception as error:  # a damaged zip fails in many ways (bad CRC, method, ...)
+            raise DatasetError(
+                f"cannot read {self._dirs[index] / ARRAYS}: {error}", _DAMAGED_HINT
+            ) from error
+        stored = {key: (value.dtype, value.shape[1:]) for key, value in arrays.items()}
+        expected = self._array_schema
+        if self.metadata_sealed or CHECKSUM_COLUMN in stored:  # older folders may have none
+            expected = {**expected, **self._sums_schema}
+        check_stored_schema(self._dirs[index] / ARRAYS, stored, expected)
+        self._arrays[index] = arrays
+        if len(self._arrays) > _CACHED_EPISODES:
+            self._arrays.popitem(last=False)
+        return arrays
+
+    def _frame(self, key: str, episode: int, step: int) -> np.ndarray:
+        from PIL import Image
+
+        dtype, shape = self.keys[key]
+        file = self._dirs[episode] / key / f"{step:06d}.png"
+        try:
+            with Image.open(file) as image:
+                return np.asarray(image, dtype=dtype).reshape(shape)
+        except Exception as error:  # a damaged PNG fails in many ways (zlib, syntax, size)
+            raise DatasetError(f"cannot read {file}: {error}", _DAMAGED_HINT) from error
+
+    def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``rows`` (global, any order) of ``key``, in that order (into ``out`` if given)."""
+        check_keys(self.keys, [key], self.path)
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_steps):
+            raise IndexError(f"rows out of range 0..{self.num_steps - 1}")
+        episodes = rows_by_episode(self.episode_offsets, rows)
+        steps = rows - self.episode_offsets[episodes]
+        dtype, shape = self.keys[key]
+        if out is None:
+            out = np.empty((len(rows), *shape), dtype=dtype)
+        pairs = zip(episodes.tolist(), steps.tolist(), strict=True)
+        for position, (episode, step) in enumerate(pairs):
+            if _is_png_key(dtype, shape):
+                out[position] = self._frame(key, episode, step)
+            else:
+                out[position] = self._episode_arrays(episode)[key][step]
+        return out
+
+    def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows ``rows`` of several keys (one ``read_rows`` each)."""
+        return {key: self.read_rows(key, rows) for key in keys}
+
+    def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
+        """Episode ``index`` as ``{key: (length, ...)}`` (all keys unless ``keys`` is given)."""
+        keys = check_keys(self.keys, keys, self.path)
+        length = int(self.episode_lengths[index])
+        episode = {}
+        for key in keys:
+            dtype, shape = self.keys[key]
+            if _is_png_key(dtype, shape):
+                episode[key] = np.stack([self._frame(key, index, s) for s in range(length)])
+            else:
+                episode[key] = self._episode_arrays(index)[key].copy()
+        return episode
+
+    def read_checksums(self, index: int) -> np.ndarray | None:
+        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
+        return self._episode_arrays(index).get(CHECKSUM_COLUMN)
+
+    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray | None:
+        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``; None if written without."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        episodes = rows_by_episode(self.episode_offsets, rows)
+        steps = (rows - self.episode_offsets[episodes]).tolist()
+        sums = [self.read_checksums(e) for e in episodes.tolist()]
+        if any(s is None for s in sums):
+            return None
+        return np.array([s[step] for s, step in zip(sums, steps, strict=True)], dtype=np.uint32)
+
+    def close(self) -> None:
+        self._arrays.clear()
+
+
+class FolderWriter:
+    """Writes each episode into a hidden directory, then renames it into place (the commit)."""
+
+    format = "folder"
+
+    def __init__(self, path: Path, metadata: dict, append: bool):
+        self.path = Path(path)
+        self._user_metadata = metadata
+        self.schema = None
+        self.num_episodes = 0
+        self.num_steps = 0
+        if append:
+            reader = FolderReader(self.path)
+            check_metadata(reader.metadata, metadata, self.path)
+            self.schema = reader.keys
+            self.num_episodes, self.num_steps = reader.num_episodes, reader.num_steps
+        # Half-written episodes of a killed writer: never committed, safe to drop.
+        if self.path.is_dir():
+            for stale in self.path.glob(".tmp_episode_*"):
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def _create(self, episode) -> None:
+        self.schema = episode_schema(episode)
+        meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
+        self.path.mkdir(parents=True, exist_ok=True)
+        temporary = self.path / f".{FOLDER_METADATA}.tmp"
+        temporary.write_text(json.dumps(meta, indent=2))
+        os.replace(temporary, self.path / FOLDER_METADATA)
+
+    def write_episode(self, episode) -> int:
+        """Write one episode's PNGs and arrays, then rename its directory into place."""
+        from PIL import Image
+
+        if self.schema is None:
+            self._create(episode)
+        check_schema(self.schema, episode, self.path)
+        length = len(next(iter(episode.values())))
+        name = f"episode_{self.num_episodes:06d}"
+        staging = self.path / f".tmp_{name}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        arrays = {
+            "episode_idx": np.full(length, self.num_episodes, dtype=np.int64),
+            "step_idx": np.arange(length, dtype=np.int32),
+            CHECKSUM_COLUMN: row_checksums(episode, list(self.schema)),
+        }
+        for key, (dtype, shape) in self.schema.items():
+            values = np.asarray(episode[key])
+            if not _is_png_key(dtype, shape):
+                arrays[key] = values
+                continue
+            (staging / key).mkdir()
+            frames = values.reshape(length, *shape[:2], -1)
+            for step, frame in enumerate(frames):
+                image = Image.fromarray(frame[..., 0] if frame.shape[-1] == 1 else frame)
+                image.save(staging / key / f"{step:06d}.png", compress_level=1)
+        np.savez(staging / ARRAYS, **arrays)
+        # A killed process loses no written bytes (the kernel holds them): the rename suffices.
+        os.rename(staging, self.path / name)
+        self.num_steps += length
+        self.num_episodes += 1
+        return self.num_episodes - 1
+
+    def close(self) -> None:
+        """Nothing is buffered: every episode is on disk when ``write_episode`` returns."""
+
+    def __enter__(self) -> "FolderWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_reader(path: Path) -> FolderReader:
+    """Open a swm folder dataset for reading."""
+    return FolderReader(path)
+
+
+def open_writer(path: Path, metadata: dict, append: bool) -> FolderWriter:
+    """Open a swm folder dataset for episode-atomic appends."""
+    return FolderWriter(path, metadata, append)

@@ -1,0 +1,581 @@
+"""Lance datasets: one row per observation, each frame an LZ4 frame in a binary column.
+
+Images (rows with two or more dimensions) go in a ``large_binary`` column, one value per frame:
+its raw bytes as one standard LZ4 frame (the ``lz4`` command's format, high-compression mode),
+with Lance's own compression off for that column (``swm:codec = lz4-frame`` in the field's
+metadata). Lance's zstd over raw frames, which datasets written before use (they still read and
+append as they are), cost ~50 ms of CPU per batch of 256 frames at 224x224, nearly all of it in
+Lance's take; LZ4 frames cost ~17 ms, take and decoding together, for 1.35x the bytes on disk on
+the benchmark frames. Plain readers decode a frame with
+``pyarrow.Codec("lz4").decompress(value, nbytes)`` (or ``lz4.frame.decompress``) and reshape it
+by the ``keys`` entry of the swm metadata. Vectors are ``fixed_size_list`` columns, scalars plain
+columns; the swm metadata (schema, env id, ...) is JSON in the Arrow schema metadata under
+``swm``, so plain ``lance``, ``lancedb`` and ``pyarrow`` read the dataset without swm.
+
+Each ``write_episode`` is one Lance commit, so an episode is on disk or not at all. Many small
+commits make many small fragments, which slow reads down; the writer compacts them every
+``COMPACT_EVERY`` episodes and on close.
+
+On object storage (``s3://``) a commit writes the episode's data file, then the manifest that
+names it: a writer killed in between leaves an unreferenced file and the dataset at its last
+episode.
+
+Lance is not fork-safe: a process forked after this one opened a dataset may crash when it reads.
+``opened_in_this_process()`` tells the DataLoader factory whether it may still fork, and a reader
+opened in such a forked child refuses with a clear error instead of crashing at random.
+"""
+
+import functools
+import json
+import os
+import struct
+from datetime import timedelta
+
+import numpy as np
+
+from swmcli.data.storage import location as loc
+from swmcli.data.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.data.storage.location import Location, nbytes_under
+from swmcli.data.storage.lock import ReaderLock, no_readers
+from swmcli.data.storage.schema import (
+    build_metadata,
+    check_index,
+    check_keys,
+    check_metadata,
+    check_schema,
+    episode_schema,
+    is_image,
+    offsets_from_lengths,
+    read_metadata,
+    take_rows,
+)
+from swmcli.errors import DatasetError, UsageError, first_line
+
+COMPACT_EVERY = 64
+PIXEL_ENCODING = "raw uint8, one LZ4 frame per row"
+# Field metadata of an image column whose values are frames in a codec (absent: raw bytes).
+CODEC = "swm:codec"
+LZ4_FRAME = "lz4-frame"
+# LZ4's high-compression mode at its cheapest level: frames decode as fast as (or faster than)
+# plain LZ4's, 1.5x smaller on the benchmark frames and 3.5x on TwoRoom's, for 2-5x its encode time.
+_LZ4_LEVEL = 3
+_STORAGE_VERSION = "2.1"
+# Aim for fragments of about this many bytes when compacting (rows of 224x224 pixels: ~1,700).
+_FRAGMENT_BYTES = 256 * 2**20
+_FOOTER = struct.Struct("<QQQII2H4s")  # the end of a Lance data file: see _check_footer
+# Frames (decoded bytes) per take: raw frames cost Lance a copy each and are taken a few MiB at a
+# time; LZ4 frames are a small fraction of that in the take, so a batch is one or two takes.
+_TAKE_BYTES = {None: 4 * 2**20, LZ4_FRAME: 64 * 2**20}
+_DAMAGED_HINT = "the dataset is damaged (a missing or truncated file): restore it or collect again"
+_opened_by: int | None = None  # the pid that first opened a Lance dataset (inherited by a fork)
+
+
+def opened_in_this_process() -> bool:
+    """True once this process has opened a Lance dataset (forking is unsafe from then on)."""
+    return _opened_by == os.getpid()
+
+
+def _uri(path: Location) -> str:
+    """What Lance is given: an s3:// URI, or an absolute path, so ``file:x`` or ``memory:x`` name
+    a local directory like any other (Lance would read a relative one as a URI)."""
+    return path if loc.is_remote(path) else str(path.absolute())
+
+
+def _mark_opened() -> None:
+    """Note that this process uses Lance; refuse if it is a fork of a process that did already."""
+    global _opened_by
+    if _opened_by is not None and _opened_by != os.getpid():
+        raise UsageError(
+            "this process was forked from one that had already opened a Lance dataset, and Lance "
+            "is not fork-safe: start DataLoader workers with multiprocessing_context='forkserver'",
+            hint="give the DataLoader multiprocessing_context='forkserver' (or 'spawn'), or use "
+            "swmcli's make_loader, which picks it for you",
+        )
+    _opened_by = os.getpid()
+
+
+def _arrow_schema(schema, metadata: dict):
+    import pyarrow as pa
+
+    fields = [pa.field("episode_idx", pa.int64()), pa.field("step_idx", pa.int32())]
+    for key, (dtype, shape) in schema.items():
+        if is_image(shape):
+            fields.append(_image_field(key, LZ4_FRAME))
+        elif shape:
+            item = pa.from_numpy_dtype(dtype)
+            fields.append(pa.field(key, pa.list_(item, int(np.prod(shape)))))
+        else:
+            fields.append(pa.field(key, pa.from_numpy_dtype(dtype)))
+    fields.append(pa.field(CHECKSUM_COLUMN, pa.list_(pa.uint32(), len(schema))))
+    return pa.schema(fields, metadata={"swm": json.dumps(metadata)})
+
+
+def _image_field(key: str, codec: str | None):
+    """An image column: LZ4 frames that Lance stores as they are, or (datasets from before) raw
+    frames that Lance compresses with zstd. Lance keeps the ``swm:codec`` entry in the dataset's
+    schema but not its own ``lance-encoding`` hint, so an appending writer sets the hint again."""
+    import pyarrow as pa
+
+    if codec is None:
+        return pa.field(key, pa.large_binary(), metadata={"lance-encoding:compression": "zstd"})
+    hints = {"lance-encoding:compression": "none", CODEC: codec}
+    return pa.field(key, pa.large_binary(), metadata=hints)
+
+
+def _to_arrow(values: np.ndarray, shape: tuple[int, ...], codec: str | None):
+    import pyarrow as pa
+
+    rows = len(values)
+    values = np.ascontiguousarray(values)
+    if is_image(shape) and codec is not None:
+        frames = values.reshape(rows, -1).view(np.uint8)
+        encoded = [_lz4().compress(frame, asbytes=True) for frame in frames]
+        return pa.array(encoded, pa.large_binary())
+    if is_image(shape):
+        row_bytes = values.nbytes // rows
+        offsets = np.arange(rows + 1, dtype=np.int64) * row_bytes
+        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(values.reshape(-1).view(np.uint8))]
+        return pa.LargeBinaryArray.from_buffers(pa.large_binary(), rows, buffers)
+    if shape:
+        return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), int(np.prod(shape)))
+    return pa.array(values)
+
+
+@functools.cache
+def _lz4():
+    import pyarrow as pa
+
+    return pa.Codec("lz4", compression_level=_LZ4_LEVEL)  # one-shot calls are thread-safe
+
+
+def _codec_of(field) -> str | None:
+    """The codec of an image column's values (None: raw bytes, as Lance's zstd columns hold)."""
+    codec = (field.metadata or {}).get(CODEC.encode())
+    return None if codec is None else codec.decode()
+
+
+def _from_arrow(column, dtype: np.dtype, shape: tuple[int, ...], codec: str | None = None):
+    """Arrow column -> ``(rows, *shape)`` array of ``dtype`` (copies only what Arrow must)."""
+    array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    rows = len(array)
+    if is_image(shape) and codec is not None:
+        out = np.empty((rows, *shape), dtype)
+        _decode_frames(array, out, np.arange(rows))
+        return out
+    if is_image(shape):
+        first = array.offset
+        offsets = np.frombuffer(array.buffers()[1], np.int64)[first : first + rows + 1]
+        data = np.frombuffer(array.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
+        return data.view(dtype).reshape(rows, *shape)
+    if shape:
+        return array.flatten().to_numpy(zero_copy_only=False).astype(dtype).reshape(rows, *shape)
+    return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
+def _decode_frames(array, out: np.ndarray, positions: np.ndarray) -> None:
+    """Value ``i`` of ``array`` (LZ4 frames) decoded into ``out[positions[i]]``."""
+    flat = out.reshape(len(out), -1).view(np.uint8)
+    nbytes = flat.shape[1]
+    first = array.offset
+    offsets = np.frombuffer(array.buffers()[1], np.int64)[first : first + len(array) + 1].tolist()
+    data = array.buffers()[2]
+    codec = _lz4()
+    for index, position in enumerate(positions.tolist()):
+        start, stop = offsets[index], offsets[index + 1]
+        frame = codec.decompress(data.slice(start, stop - start), nbytes)
+        if frame.size != nbytes:
+            raise ValueError(f"a frame decodes to {frame.size} bytes, not {nbytes}")
+        flat[position] = np.frombuffer(frame, np.uint8)
+
+
+class LanceReader:
+    """Reads a swm Lance dataset; rows are fetched with ``take`` (only the rows asked for)."""
+
+    format = "lance"
+
+    def __init__(self, path: Location):
+        self.path = path
+        _mark_opened()
+        # Held while open: a writer deletes no file this reader's version may still use (a local
+        # lock file; object storage has none).
+        self._lock = None if loc.is_remote(self.path) else ReaderLock(self.path)
+        try:
+            self._dataset = _open_dataset(self.path)
+            raw = (self._dataset.schema.metadata or {}).get(b"swm")
+        except Exception as error:
+            self.close()
+            raise DatasetError(
+                f"cannot open Lance dataset {self.path}: {first_line(error)}", _DAMAGED_HINT
+            ) from error
+        if raw is None:
+            self.close()
+            raise DatasetError(
+                f"{self.path} is a Lance dataset but was not written by swm (no swm metadata)",
+                hint="write it with swmcli.open_writer or `swm collect`",
+            )
+        try:
+            self.metadata, self.keys, self.metadata_sealed = read_metadata(raw, self.path)
+            _check_arrow_types(self.path, self._dataset.schema, self.keys)
+        except DatasetError:
+            self.close()
+            raise
+        fields = self._dataset.schema
+        images = [key for key, (_, shape) in self.keys.items() if is_image(shape)]
+        self._codecs = {key: _codec_of(fields.field(key)) for key in images}
+        unknown = {k: c for k, c in self._codecs.items() if c not in (None, LZ4_FRAME)}
+        if unknown:
+            self.close()
+            raise DatasetError(
+                f"{self.path} stores frames in a codec this swm does not read: {unknown}",
+                hint="upgrade swmcli (pip install -U swmcli)",
+            )
+        self._check_files()
+        self.num_steps = self._dataset.count_rows()
+        self._lengths: np.ndarray | None = None
+
+    def _check_files(self) -> None:
+        """Refuse at open, not mid-training, a dataset whose manifest names a missing file or a
+        file whose footer is damaged."""
+        present = _data_files(self.path)
+        used = {}
+        for fragment in self._dataset.get_fragments():
+            for data_file in fragment.data_files():
+                if data_file.path not in present:
+                    raise DatasetError(
+                        f"{self.path} is missing its data file {data_file.path}", _DAMAGED_HINT
+                    )
+                used[loc.join(self.path, "data", data_file.path)] = present[data_file.path]
+        for data_file, tail in loc.read_tails(used, _FOOTER.size).items():
+            _check_footer(data_file, tail, used[data_file])
+
+    @property
+    def index_token(self) -> str:
+        """Changes whenever the dataset does: keys the episode-index cache."""
+        if loc.is_remote(self.path):
+            stamp = self._dataset.versions()[-1]["timestamp"].isoformat()
+        else:
+            stamp = (self.path / "_versions").stat().st_mtime_ns
+        return f"lance:{self._dataset.version}:{self.num_steps}:{stamp}"
+
+    @property
+    def episode_lengths(self) -> np.ndarray:
+        """Rows of each episode (scans the small ``episode_idx`` column once)."""
+        if self._lengths is None:
+            columns = ["episode_idx", "step_idx"]
+            table = self._guard(lambda: self._dataset.to_table(columns=columns))
+            ids, steps = (table.column(name).to_numpy() for name in columns)
+            lengths = _lengths_from_ids(ids, self.path)
+            check_index(lengths, ids, steps, self.path, _DAMAGED_HINT)
+            self.set_episode_lengths(lengths)
+        return self._lengths
+
+    def set_episode_lengths(self, lengths: np.ndarray) -> None:
+        """Use a cached episode index instead of scanning."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if int(lengths.sum()) != self.num_steps:
+            raise DatasetError(f"episode index of {self.path} does not match its rows")
+        self._lengths = lengths
+        self._offsets = offsets_from_lengths(lengths)
+
+    @property
+    def episode_offsets(self) -> np.ndarray:
+        """First global row of each episode."""
+        self.episode_lengths  # noqa: B018 - builds the index on first use
+        return self._offsets
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episode_lengths)
+
+    @property
+    def nbytes_on_disk(self) -> int:
+        return nbytes_under(self.path)
+
+    def _guard(self, read):
+        try:
+            return read()
+        except Exception as error:
+            raise DatasetError(
+                f"cannot read {self.path}: {first_line(error)}", _DAMAGED_HINT
+            ) from error
+
+    def _take(self, rows: np.ndarray, columns: list[str]):
+        return self._guard(lambda: self._dataset.take(rows, columns=columns))
+
+    def _decode(self, key: str, column) -> np.ndarray:
+        """``key``'s column as numpy; one whose sizes disagree with the schema is damage."""
+        codec = self._codecs.get(key)
+        return self._guard(lambda: _from_arrow(column, *self.keys[key], codec))
+
+    def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``rows`` (global, any order, repeats allowed) of ``key``, in that order (into
+        ``out`` when given)."""
+        check_keys(self.keys, [key], self.path)
+        rows = self._checked(rows)
+        dtype, shape = self.keys[key]
+        if not is_image(shape):
+            values = self._decode(key, self._take(rows, [key]).column(0))
+            return take_rows(values, None, out)
+        if out is None:
+            out = np.empty((len(rows), *shape), dtype)
+        # Takes in row order (Lance takes sorted rows in about 60% of the time of shuffled ones);
+        # each frame is written straight into its row of ``out``.
+        codec = self._codecs[key]
+        order = np.argsort(rows, kind="stable")
+        piece = max(1, _TAKE_BYTES[codec] // (np.dtype(dtype).itemsize * int(np.prod(shape))))
+        for start in range(0, len(rows), piece):
+            positions = order[start : start + piece]
+            # Chunk by chunk (a take returns one per fragment it touched): combining them first
+            # would copy every value once more.
+            done = 0
+            for chunk in self._take(rows[positions], [key]).column(0).chunks:
+                into = positions[done : done + len(chunk)]
+                if codec is None:
+                    out[into] = self._decode(key, chunk)
+                else:
+                    self._guard(lambda c=chunk, i=into: _decode_frames(c, out, i))
+                done += len(chunk)
+        return out
+
+    def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows ``rows`` of several keys in one take (each take costs ~0.7 ms whatever its
+        width: meant for the small columns of a batch)."""
+        check_keys(self.keys, keys, self.path)
+        table = self._take(self._checked(rows), keys)
+        return {key: self._decode(key, table.column(key)) for key in keys}
+
+    def _checked(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_steps):
+            raise IndexError(f"rows out of range 0..{self.num_steps - 1}")
+        return rows
+
+    def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
+        """Episode ``index`` as ``{key: (length, ...)}`` (all keys unless ``keys`` is given)."""
+        keys = check_keys(self.keys, keys, self.path)
+        table = self._take(self._episode_rows(index), keys)
+        return {k: self._decode(k, table.column(k)).copy() for k in keys}
+
+    def _episode_rows(self, index: int) -> np.ndarray:
+        start, length = int(self.episode_offsets[index]), int(self.episode_lengths[index])
+        return np.arange(start, start + length, dtype=np.int64)
+
+    def read_checksums(self, index: int) -> np.ndarray | None:
+        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
+        return self.read_row_checksums(self._episode_rows(index))
+
+    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray | None:
+        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``; None if written without."""
+        if CHECKSUM_COLUMN not in self._dataset.schema.names:
+            return None
+        column = self._take(self._checked(rows), [CHECKSUM_COLUMN]).column(0)
+        shape = (len(self.keys),)
+        return self._guard(lambda: _from_arrow(column, np.dtype(np.uint32), shape))
+
+    def close(self) -> None:
+        self._dataset = None
+        if self._lock is not None:
+            self._lock.release()
+
+
+def _open_dataset(path: Location):
+    import lance
+
+    return lance.dataset(_uri(path), storage_options=loc.lance_storage_options(path))
+
+
+def _check_arrow_types(where: Location, fields, schema) -> None:
+    """The columns Lance stores must have the types the swm schema implies (a damaged manifest
+    could give a vector another length, or a column another type)."""
+    expected = _arrow_schema(schema, {})
+    for field in expected:
+        if field.name == CHECKSUM_COLUMN and field.name not in fields.names:
+            continue  # written before row checksums
+        if field.name not in fields.names:
+            raise DatasetError(f"{where}: column {field.name} is missing", _DAMAGED_HINT)
+        stored = fields.field(field.name).type
+        if stored != field.type:
+            raise DatasetError(
+                f"{where}: column {field.name} is stored as {stored}, its schema says {field.type}",
+                _DAMAGED_HINT,
+            )
+
+
+def _data_files(path: Location) -> dict[str, int]:
+    """Name -> size of the files under ``path/data`` (one listing, local or on object storage)."""
+    data = loc.join(path, "data")
+    if loc.is_remote(path):
+        found = loc.filesystem().find(data, detail=True)
+        return {key.rsplit("/", 1)[-1]: info["size"] for key, info in found.items()}
+    return {p.name: p.stat().st_size for p in data.iterdir()} if data.is_dir() else {}
+
+
+def _check_footer(data_file: Location, tail: bytes, size: int) -> None:
+    """Refuse a data file of ``size`` bytes whose footer (``tail``, its last bytes) points
+    outside the file.
+
+    A Lance file (format 2.x) ends in a 40-byte footer: the starts of the column metadata, of
+    its offsets table and of the global buffers' offsets table (u64 each), the number of global
+    buffers and of columns (u32 each), the format version (u16 x 2) and ``LANC``; each table
+    entry is 16 bytes. pylance trusts those counts: a flipped byte in one made it abort the
+    process on a 68 GB allocation, where this is one error. Older (0.1) files end differently
+    and are left to Lance.
+    """
+    fits = len(tail) == _FOOTER.size
+    if fits:
+        meta, meta_offsets, buffer_offsets, buffers, columns, major, minor, magic = _FOOTER.unpack(
+            tail
+        )
+        if magic == b"LANC" and (major, minor) < (0, 3):
+            return  # a format 0.1 file (2.0 is written 0.3): Lance checks it
+        end = size - _FOOTER.size
+        fits = (
+            magic == b"LANC"
+            and max(meta, meta_offsets, buffer_offsets) <= end
+            and meta_offsets + 16 * columns <= end
+            and buffer_offsets + 16 * buffers <= end
+        )
+    if not fits:
+        raise DatasetError(
+            f"{data_file} is damaged: its footer is cut or points outside it", _DAMAGED_HINT
+        )
+
+
+def _lengths_from_ids(ids: np.ndarray, where: Location) -> np.ndarray:
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if ids[0] != 0 or np.any(np.diff(ids) < 0):
+        raise DatasetError(f"{where}: episode_idx is not in episode order", _DAMAGED_HINT)
+    if ids[-1] >= ids.size:  # a damaged id would make bincount allocate ids[-1] counts
+        raise DatasetError(f"{where}: episodes are missing from episode_idx", _DAMAGED_HINT)
+    lengths = np.bincount(ids).astype(np.int64)
+    if np.any(lengths == 0):
+        raise DatasetError(f"{where}: episodes are missing from episode_idx", _DAMAGED_HINT)
+    return lengths
+
+
+class LanceWriter:
+    """Appends whole episodes, one Lance commit each; compacts fragments as it goes."""
+
+    format = "lance"
+
+    def __init__(self, path: Location, metadata: dict, append: bool):
+        self.path = path
+        self._user_metadata = metadata
+        self.schema = None
+        self._arrow = None
+        self.num_episodes = 0
+        self.num_steps = 0
+        self._uncompacted = 0
+        if append:
+            self._resume()
+            if not loc.is_remote(self.path):
+                self._cleanup()  # versions a killed writer left behind
+
+    def _resume(self) -> None:
+        reader = LanceReader(self.path)
+        check_metadata(reader.metadata, self._user_metadata, self.path)
+        self.schema = reader.keys
+        self._arrow = reader._dataset.schema
+        for key, codec in reader._codecs.items():
+            self._arrow = self._arrow.set(
+                self._arrow.get_field_index(key), _image_field(key, codec)
+            )
+        self.num_steps = reader.num_steps
+        if self.num_steps:
+            last = reader._take(np.array([self.num_steps - 1]), ["episode_idx"]).column(0)
+            self.num_episodes = int(last[0].as_py()) + 1
+        reader.close()
+
+    def write_episode(self, episode) -> int:
+        """Append one episode in a single commit; returns its episode_idx."""
+        import lance
+        import pyarrow as pa
+
+        _mark_opened()
+        if self.schema is None:
+            self.schema = episode_schema(episode)
+            meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
+            self._arrow = _arrow_schema(self.schema, meta)
+        check_schema(self.schema, episode, self.path)
+        length = len(next(iter(episode.values())))
+        columns = [
+            pa.array(np.full(length, self.num_episodes, dtype=np.int64)),
+            pa.array(np.arange(length, dtype=np.int32)),
+            *(
+                _to_arrow(np.asarray(episode[k]), shape, _codec_of(self._arrow.field(k)))
+                for k, (_, shape) in self.schema.items()
+            ),
+        ]
+        if CHECKSUM_COLUMN in self._arrow.names:  # datasets from before checksums have none
+            sums = row_checksums(episode, list(self.schema))
+            columns.append(_to_arrow(sums, (len(self.schema),), None))
+        table = pa.Table.from_arrays(columns, schema=self._arrow)
+        lance.write_dataset(
+            table,
+            _uri(self.path),
+            mode="append" if self._created() else "create",
+            data_storage_version=_STORAGE_VERSION,
+            storage_options=loc.lance_storage_options(self.path),
+        )
+        self.num_steps += length
+        self.num_episodes += 1
+        self._uncompacted += 1
+        if self._uncompacted >= COMPACT_EVERY:
+            self.compact()
+        return self.num_episodes - 1
+
+    def compact(self, closing: bool = False) -> None:
+        """Merge small fragments (one commit), then delete superseded files: on a local disk if
+        no one reads, on object storage (no readers' lock there) only when the writer closes."""
+        self._uncompacted = 0
+        if not self._created():
+            return
+        dataset = _open_dataset(self.path)
+        row_bytes = sum(np.dtype(d).itemsize * int(np.prod(s)) for d, s in self.schema.values())
+        target = max(1024, _FRAGMENT_BYTES // max(row_bytes, 1))
+        if len(dataset.get_fragments()) > 1:
+            dataset.optimize.compact_files(target_rows_per_fragment=target)
+        if not loc.is_remote(self.path):
+            self._cleanup()
+        elif closing:
+            # Old versions only hold files that compaction replaced: reclaim the space.
+            _open_dataset(self.path).cleanup_old_versions(older_than=timedelta(0))
+
+    def _cleanup(self) -> None:
+        """Delete old versions' files (only compaction's leftovers), unless a reader is open: its
+        version may still use them. Disk use is then bounded by the next compaction's cleanup."""
+        hold = no_readers(self.path)
+        if hold is None:
+            return
+        try:
+            # Under the writer lock no other process writes: an unreferenced file is what a killed
+            # writer left half-written, and goes too.
+            dataset = _open_dataset(self.path)
+            dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+        finally:
+            hold.close()
+
+    def _created(self) -> bool:
+        return loc.is_dir(loc.join(self.path, "_versions"))
+
+    def close(self) -> None:
+        """Compact what is left and free superseded files."""
+        if self._uncompacted:
+            self.compact(closing=True)
+
+    def __enter__(self) -> "LanceWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_reader(path: Location) -> LanceReader:
+    """Open a Lance dataset for reading."""
+    return LanceReader(path)
+
+
+def open_writer(path: Location, metadata: dict, append: bool) -> LanceWriter:
+    """Open a Lance dataset for episode-atomic appends."""
+    return LanceWriter(path, metadata, append)

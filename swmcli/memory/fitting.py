@@ -1,0 +1,143 @@
+"""Which memory levers to switch on: every combination predicted, the cheapest one that fits.
+
+Each lever has a price (``Lever.cost``, lowest first): bf16 autocast costs precision (and is
+usually faster on a GPU); the optimizer step in backward costs gradient clipping and
+accumulation; fully sharding costs communication and needs the ranks; activation checkpointing
+costs about a third more compute. ``combinations`` predicts the training step with every subset
+of the levers that apply to a config and model; ``cheapest_fitting`` picks the subset of lowest
+total price (then lowest need) whose need (predicted peak plus the CUDA allowance) is within the
+budget; ``plan_sentence`` says it in one line; ``draw_combinations`` draws the same as stacked
+bars by category with the budget line.
+"""
+
+import itertools
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from swmcli.config import SwmConfig
+from swmcli.memory.levers import blocks
+from swmcli.memory.predict import PeakPredictor, Variant
+from swmcli.memory.trace import CATEGORIES, StepPeak
+from swmcli.units import format_bytes
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One memory lever: its words, its price (lower is cheaper) and the settings it changes."""
+
+    name: str
+    cost: int
+    settings: tuple[tuple[str, object], ...]
+
+
+@dataclass
+class Combination:
+    """A set of levers, the training step it gives and what that step is predicted to need."""
+
+    levers: tuple[Lever, ...]
+    variant: Variant
+    peak: StepPeak
+    needed_bytes: int  # the peak plus the CUDA allowance: what a GPU must have free
+
+    @property
+    def cost(self) -> int:
+        return sum(lever.cost for lever in self.levers)
+
+    @property
+    def name(self) -> str:
+        return " + ".join(lever.name for lever in self.levers) or "no lever"
+
+
+def applicable_levers(cfg: SwmConfig, predictor: PeakPredictor) -> list[Lever]:
+    """The levers this config and model can use: bf16 always; the optimizer in backward without
+    accumulation in one process; sharding across ranks; checkpointing the configured modules,
+    else the model's blocks when it has some."""
+
+    levers = [Lever("bf16", 1, (("bf16", True),))]
+    if cfg.train.grad_accum == 1 and cfg.runtime.nproc == 1:
+        levers.append(Lever("optimizer in backward", 2, (("in_backward", True),)))
+    if cfg.runtime.nproc > 1:
+        levers.append(Lever(f"shard over {cfg.runtime.nproc} ranks", 3, (("shard", True),)))
+    choice = cfg.runtime.activation_checkpointing
+    if choice is None and blocks(predictor.model(cfg.data.history_len, cfg.data.frameskip)):
+        choice = "blocks"
+    if choice is not None:
+        words = "activation checkpointing" + ("" if choice == "blocks" else f" ({choice})")
+        levers.append(Lever(words, 4, (("checkpointing", choice),)))
+    return levers
+
+
+def without_levers(variant: Variant) -> Variant:
+    """``variant`` with every lever off: what the levers are weighed against."""
+    return replace(variant, bf16=False, checkpointing=None, in_backward=False, shard=False)
+
+
+def combinations(predictor: PeakPredictor, base: Variant, levers: list[Lever]):
+    """Every subset of ``levers`` applied to ``base`` (levers off), predicted."""
+    result = []
+    for count in range(len(levers) + 1):
+        for chosen in itertools.combinations(levers, count):
+            settings = {key: value for lever in chosen for key, value in lever.settings}
+            variant = replace(without_levers(base), **settings)
+            peak = predictor.predict(variant)
+            result.append(Combination(chosen, variant, peak, predictor.needed_bytes(variant)))
+    return result
+
+
+def cheapest_fitting(options: list[Combination], budget: int) -> Combination | None:
+    """The combination of lowest price (then lowest need) that fits ``budget``; None if none."""
+    fitting = [option for option in options if option.needed_bytes <= budget]
+    return min(fitting, key=lambda option: (option.cost, option.needed_bytes), default=None)
+
+
+def plan_sentence(options: list[Combination], budget: int, resolution: int) -> str:
+    """One line: the cheapest set of levers that fits, or the least any set needs."""
+    base = options[0].variant
+    task = f"to train B={base.batch_size} at {resolution} in {format_bytes(budget)}"
+    chosen = cheapest_fitting(options, budget)
+    if chosen is None:
+        least = min(options, key=lambda option: option.needed_bytes)
+        return (
+            f"{task}: no set of levers fits; the least, {least.name}, needs "
+            f"{format_bytes(least.needed_bytes)}: lower --batch-size or --resolution"
+        )
+    return f"{task}: {chosen.name}; {format_bytes(chosen.needed_bytes)} predicted"
+
+
+def draw_combinations(
+    options: list[Combination], budget: int | None, title: str, path: Path
+) -> Path:
+    """A PNG: one stacked bar per combination (GiB alive at the peak, by category, plus the
+    CUDA allowance) and the budget as a horizontal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    gib = 2**30
+    figure, axes = plt.subplots(figsize=(max(8, 0.9 * len(options) + 3), 5.5), dpi=80)
+    positions = range(len(options))
+    bottoms = [0.0] * len(options)
+    stacks = [
+        (category, [o.peak.by_category[category] / gib for o in options]) for category in CATEGORIES
+    ]
+    stacks.append(("CUDA allowance", [(o.needed_bytes - o.peak.peak_bytes) / gib for o in options]))
+    for label, heights in stacks:
+        if any(heights):
+            axes.bar(positions, heights, bottom=bottoms, label=label.replace("_", " "))
+            bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    if budget is not None:
+        axes.axhline(
+            budget / gib, color="black", linestyle="--", label=f"budget {format_bytes(budget)}"
+        )
+    labels = [o.name.replace(" + ", "\n+ ") for o in options]
+    axes.set_xticks(list(positions), labels, fontsize=7, rotation=30, ha="right")
+    axes.set_ylabel("predicted GiB at the step's peak")
+    axes.set_title(title)
+    axes.legend(fontsize=7)
+    axes.grid(True, axis="y", alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path

@@ -1,0 +1,164 @@
+"""The world-model protocol every command uses: swm's own JEPA model and any model you bring.
+
+A world model is any ``torch.nn.Module`` with two methods (stable-worldmodel's ``Dynamics`` in
+spirit)::
+
+    encode(pixels)            uint8 (B, T, H, W, 3) or (B, H, W, 3) -> latents (B, T, D) / (B, D)
+    predict(latents, actions) latents (B, T, D), action blocks (B, T, A) -> next latents (B, T, D)
+
+``predict``'s position ``t`` is the latent after observation ``t`` and its action block
+(``A = frameskip * action_dim``; an episode's last block is NaN, read it as 0). Optional:
+
+    loss(batch) -> dict       {"loss": scalar to minimize, other scalars to log}; replaces swm's
+                              JEPA loss (``losses.jepa_loss``) when present. ``batch`` holds
+                              ``pixels`` uint8 (B, T, H, W, 3) and ``action`` (B, T, A).
+    context_len               the longest history ``predict`` takes; rollouts cut to it.
+
+Training calls the loss through ``Objective`` (the module DDP and FSDP wrap), planning and eval
+call ``encode`` and ``rollout`` (below, built on ``predict``), memprofile traces the same step.
+``build_model`` makes swm's model (``model.factory`` unset) or calls ``model.factory``
+("module:function" or "path/to/file.py:function") with ``model.kwargs`` plus whichever of
+``resolution``, ``action_dim``, ``frameskip``, ``history_len`` its signature names.
+"""
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from swmcli.config import SwmConfig
+from swmcli.errors import UsageError
+from swmcli.models.losses import jepa_loss
+from swmcli.models.world_model import build_world_model
+
+REQUIRED_METHODS = {
+    "encode": "encode(pixels) -> latents",
+    "predict": "predict(latents, actions) -> next latents",
+}
+DOCS = "see docs/bring-your-model.md for the protocol"
+
+
+def load_factory(spec: str):
+    """The callable ``spec`` names: ``package.module:function`` or ``path/to/file.py:function``."""
+    source, _, name = spec.rpartition(":")
+    if not source or not name:
+        raise UsageError(
+            f"--model {spec!r} is not module:function or file.py:function",
+            hint="e.g. --model my_models.mlp:build or --model models/mine.py:build",
+        )
+    module = _import_file(Path(source)) if source.endswith(".py") else _import_module(source)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise UsageError(
+            f"--model {spec!r}: {source} has no function {name!r}",
+            hint=f"define {name}(**kwargs) returning the model there, or name another function",
+        )
+    return factory
+
+
+def _import_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        raise UsageError(
+            f"--model: cannot import {name!r} ({error})",
+            hint="install the package, put it on PYTHONPATH, or pass a path to its .py file",
+        ) from error
+
+
+def _import_file(path: Path):
+    if not path.is_file():
+        raise UsageError(f"--model: {path} does not exist", hint="check the path to the .py file")
+    # A stable name per file, so every rank, the fake-tensor tracer and copies see one module.
+    name = "swm_model_" + "_".join(path.resolve().with_suffix("").parts[1:])
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+def portable_factory(spec: str | None) -> str | None:
+    """``spec`` with a file factory's path made absolute: a run's saved config then finds the
+    model from any directory (``swm eval RUN_DIR``)."""
+    source, _, name = (spec or "").rpartition(":")
+    if not source.endswith(".py"):
+        return spec
+    return f"{Path(source).resolve()}:{name}"
+
+
+def build_model(model_cfg, shape: dict[str, int]) -> nn.Module:
+    """The world model ``model_cfg`` names, for clips of ``shape`` (resolution, action_dim,
+    frameskip, history_len): swm's own, or what ``model_cfg.factory`` returns; checked against
+    the protocol."""
+    if model_cfg.factory is None:
+
+        return build_world_model(model_cfg, **shape)
+    factory = load_factory(model_cfg.factory)
+    parameters = inspect.signature(factory).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    offered = {key: value for key, value in shape.items() if takes_all or key in parameters}
+    model = factory(**{**offered, **model_cfg.kwargs})
+    check_protocol(model, model_cfg.factory)
+    return model
+
+
+def check_protocol(model: Any, name: str) -> None:
+    """One line naming what ``model`` lacks to be a world model swm can train and plan with."""
+    if not isinstance(model, nn.Module):
+        raise UsageError(
+            f"model {name} returned {type(model).__name__}, not a torch.nn.Module", hint=DOCS
+        )
+    for method, signature in REQUIRED_METHODS.items():
+        if not callable(getattr(model, method, None)):
+            raise UsageError(f"model {name} has no method {signature}", hint=DOCS)
+
+
+class Objective(nn.Module):
+    """What training minimizes: ``model.loss(batch)`` when the model has one, else swm's JEPA
+    loss on its ``encode``/``predict``. The module data-parallel wrappers wrap (their hooks run on
+    ``forward``); the model inside is the one saved."""
+
+    def __init__(self, model: nn.Module, model_cfg):
+        super().__init__()
+        self.model = model
+        self.jepa = {
+            "regularizer": model_cfg.regularizer,
+            "weight": model_cfg.regularizer_weight,
+            "rollout_weight": model_cfg.rollout_weight,
+        }
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The loss terms of a device batch; ``loss`` is the one minimized."""
+        own_loss = getattr(self.model, "loss", None)
+        if own_loss is None:
+
+            return jepa_loss(self.model, batch, **self.jepa)
+        terms = own_loss(batch)
+        if not isinstance(terms, dict) or "loss" not in terms:
+            raise UsageError(
+                f"{type(self.model).__name__}.loss(batch) returned {type(terms).__name__} "
+                "without a 'loss' entry",
+                hint='return {"loss": scalar tensor, ...other scalars to log}',
+            )
+        return terms
+
+
+def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
+    """The clip shape ``protocol.build_model`` takes, for this config and dataset."""
+    return {
+        "resolution": int(metadata["resolution"]),
+        "action_dim": int(metadata["action_dim"]),
+        "frameskip": cfg.data.frameskip,
+        "history_len": cfg.data.history_len,
+    }

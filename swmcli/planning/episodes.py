@@ -1,0 +1,104 @@
+"""Goal-reaching episodes played in the env: a planner in latent space (``planners``), or
+random actions on the same episodes (``goals``), each until success, the env's end of episode
+or the step budget; with the first episodes' frames kept for the pictures.
+"""
+
+import time
+
+import numpy as np
+
+from swmcli.config import SwmConfig, eval_budget
+from swmcli.envs.make import goal_kind, goal_pixels, make_env
+from swmcli.envs.plugins import restore_recorded
+from swmcli.envs.policies import make_policy
+from swmcli.planning.planners import RecedingHorizon, planner_settings
+from swmcli.report import progress
+
+RECORDED_EPISODES = 3  # episodes drawn into the GIF and the strip
+
+
+def run_episodes(
+    model, cfg: SwmConfig, runner, shape: dict[str, int], episodes, first_done=lambda: None
+) -> dict:
+    """Play ``episodes`` (``GoalEpisode``s): planning with ``model``, or random actions when None;
+    ``first_done`` is called once the first has been played (memory tracking stops there).
+
+    Returns per-episode ``success``, ``steps`` (env steps) and ``kind`` (of goal), the seconds
+    spent planning, and the first episodes' frames (``recorded``: (frames, goal image, success)).
+    """
+    settings = cfg.eval
+    label = settings.planner if model is not None else "random"
+    outcome: dict = {"success": [], "steps": [], "kind": [], "recorded": [], "seconds": 0.0}
+    with progress(f"eval {label}", total=len(episodes)) as advance:
+        for index, episode in enumerate(episodes):
+            success, frames, kind, seconds = _play(model, cfg, runner, shape, episode)
+            outcome["success"].append(success)
+            outcome["steps"].append(len(frames) - 1)
+            outcome["kind"].append(kind)
+            outcome["seconds"] += seconds
+            if index < RECORDED_EPISODES:
+                outcome["recorded"].append((frames, _goal_image(episode, frames), success))
+            advance(1, success_rate=float(np.mean(outcome["success"])))
+            if index == 0:
+                first_done()
+    return outcome
+
+
+def _play(model, cfg: SwmConfig, runner, shape, episode):
+    """One episode: (success, frames, kind of goal, seconds spent choosing actions)."""
+    budget = eval_budget(cfg)
+    limit = max(cfg.env.max_episode_steps, budget)
+    env = make_env(cfg.env.id, shape["resolution"], limit, episode.seed, cfg.env.kwargs)
+    if episode.state is None:
+        observation, _ = env.reset(seed=episode.seed)
+        episode.goal_pixels = goal_pixels(env)
+    else:
+        env, observation = restore_recorded(env, episode.state, episode.goal_state, episode.seed)
+    kind = goal_kind(env)
+    act = _actor(model, cfg, runner, shape, env, episode.goal_pixels, episode.seed)
+    success, frames, seconds = _episode(env, observation, act, budget)
+    env.close()
+    return success, frames, kind, seconds
+
+
+def _goal_image(episode, frames) -> np.ndarray:
+    return episode.goal_pixels if episode.goal_pixels is not None else frames[0]
+
+
+def _actor(model, cfg: SwmConfig, runner, shape, env, goal, seed: int):
+    """observation -> list of env actions: the planned blocks, or one random action."""
+    if model is None:
+        policy = make_policy("random", env, seed)
+        return lambda observation: [policy(observation)]
+    settings = planner_settings(cfg.eval, shape["action_dim"])
+    block = shape["frameskip"] * shape["action_dim"]
+    planner = RecedingHorizon(model, cfg.eval.planner, settings, block, seed)
+    planner.reset(runner.to_device({"goal": goal})["goal"])
+
+    def act(observation: dict) -> list[np.ndarray]:
+        pixels = runner.to_device({"pixels": observation["pixels"]})["pixels"]
+        actions = planner.act(pixels).float().cpu().numpy()
+        return list(actions.reshape(-1, shape["action_dim"]))
+
+    return act
+
+
+def _episode(env, observation, act, step_budget: int) -> tuple[bool, list[np.ndarray], float]:
+    """Run ``act`` until success, the env ends the episode, or ``step_budget`` env steps.
+
+    Returns success, the frames seen and the seconds ``act`` took (planning time).
+    """
+    frames = [observation["pixels"]]
+    seconds = 0.0
+    while len(frames) <= step_budget:
+        started = time.perf_counter()
+        actions = act(observation)
+        seconds += time.perf_counter() - started
+        for action in actions:
+            observation, _, terminated, truncated, step_info = env.step(action)
+            frames.append(observation["pixels"])
+            if step_info.get("success"):
+                return True, frames, seconds
+            if terminated or truncated or len(frames) > step_budget:
+                return False, frames, seconds
+    return False, frames, seconds

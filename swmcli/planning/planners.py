@@ -1,0 +1,154 @@
+"""Planning in latent space: CEM and MPPI over action-block sequences toward a goal latent.
+
+A plan is ``horizon`` action blocks (each ``frameskip * action_dim`` values in [-1, 1]). Candidate
+plans are rolled out by the world model from the current latent, all candidates of an iteration
+in one batched call per predicted block. A plan's cost is the squared latent distance to the goal
+image's latent: at the last predicted latent (``terminal``, LeWM's cost) or averaged over every
+predicted latent (``trajectory``, which prefers plans that get close early and stay close).
+
+CEM samples around its mean with white or iCEM's colored noise (``noise_beta`` > 0: a 1/f^beta
+spectrum along time, smoother action sequences that travel further) and can carry its best
+``keep_elites`` plans into the next iteration (iCEM's elite reuse). The caller executes the first
+``replan_every`` blocks and plans again (receding horizon), warm-starting from the rest of the
+previous plan. Everything runs under the runner's inference mode.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from swmcli.models.rollout import rollout
+
+INITIAL_STD = 1.0  # actions live in [-1, 1]: start wide, CEM narrows it
+MIN_STD = 0.05
+MPPI_TEMPERATURE = 0.1  # of the batch's cost range: lower = greedier
+
+
+@dataclass
+class PlannerSettings:
+    """The knobs of both planners (from ``EvalConfig``); ``action_dim`` is the env's."""
+
+    horizon: int
+    samples: int
+    iterations: int
+    elites: int
+    cost: str = "terminal"
+    noise_beta: float = 0.0
+    keep_elites: int = 0
+    replan_every: int = 1
+    action_dim: int = 1
+
+
+def plan_costs(model, latent, goal, plans: torch.Tensor, cost: str = "terminal") -> torch.Tensor:
+    """Cost of each plan ``(S, H, A)`` from ``latent (1, D)``: squared distance to ``goal``."""
+    count = plans.shape[0]
+    history = latent.expand(count, 1, -1)
+    no_actions = plans.new_zeros(count, 0, plans.shape[-1])
+    predicted = rollout(model, history, no_actions, plans)
+    distances = (predicted.float() - goal.float()).pow(2).sum(-1)  # (S, H)
+    return distances[:, -1] if cost == "terminal" else distances.mean(-1)
+
+
+def colored_noise(count: int, steps: int, dims: int, beta: float, generator, device):
+    """``(count, steps, dims)`` unit-variance noise with a 1/f^beta power spectrum along time.
+
+    beta = 0 is white noise; iCEM uses 2-4 on long horizons (low frequencies dominate).
+    """
+    if beta == 0 or steps < 2:
+        return torch.randn((count, steps, dims), generator=generator, device=device)
+    frequencies = torch.fft.rfftfreq(steps, device=device)
+    frequencies[0] = frequencies[1]  # keep a constant offset, with the weight of the lowest tone
+    scale = frequencies.pow(-beta / 2)
+    shape = (count, dims, len(frequencies))
+    real = torch.randn(shape, generator=generator, device=device)
+    imaginary = torch.randn(shape, generator=generator, device=device)
+    noise = torch.fft.irfft(torch.complex(real, imaginary) * scale, n=steps)
+    return (noise / noise.std()).transpose(1, 2)
+
+
+def _sample(mean, std, settings: PlannerSettings, generator, carried=None) -> torch.Tensor:
+    horizon, block = mean.shape
+    steps = horizon * block // settings.action_dim
+    noise = colored_noise(
+        settings.samples, steps, settings.action_dim, settings.noise_beta, generator, mean.device
+    ).reshape(settings.samples, horizon, block)
+    plans = (mean + std * noise).clamp(-1.0, 1.0)
+    plans[0] = mean  # keep the current mean in the pool, so an iteration never gets worse
+    if carried is not None:
+        plans[1 : 1 + len(carried)] = carried
+    return plans
+
+
+def cem(model, latent, goal, mean, settings: PlannerSettings, generator) -> torch.Tensor:
+    """Cross-entropy method: refit a diagonal Gaussian to the ``elites`` cheapest plans."""
+    std = torch.full_like(mean, INITIAL_STD)
+    carried = None
+    for _ in range(settings.iterations):
+        plans = _sample(mean, std, settings, generator, carried)
+        costs = plan_costs(model, latent, goal, plans, settings.cost)
+        order = costs.topk(min(settings.elites, len(costs)), largest=False).indices
+        elite = plans[order]
+        mean, std = elite.mean(0), elite.std(0).clamp_min(MIN_STD)
+        carried = elite[: settings.keep_elites] if settings.keep_elites else None
+    return elite[0] if settings.keep_elites else mean
+
+
+def mppi(model, latent, goal, mean, settings: PlannerSettings, generator) -> torch.Tensor:
+    """MPPI: the exponentially cost-weighted average of sampled plans, iterated."""
+    std = torch.full_like(mean, INITIAL_STD / 2)
+    for _ in range(settings.iterations):
+        plans = _sample(mean, std, settings, generator)
+        costs = plan_costs(model, latent, goal, plans, settings.cost)
+        spread = (costs.max() - costs.min()).clamp_min(1e-8)
+        weights = torch.softmax(-(costs - costs.min()) / (MPPI_TEMPERATURE * spread), dim=0)
+        mean = (weights[:, None, None] * plans).sum(0)
+    return mean
+
+
+PLANNERS = {"cem": cem, "mppi": mppi}
+
+
+def planner_settings(e, action_dim: int) -> PlannerSettings:
+    """The settings of ``EvalConfig`` ``e`` for an env of ``action_dim`` floats per action."""
+    return PlannerSettings(
+        e.horizon,
+        e.samples,
+        e.iterations,
+        e.elites,
+        cost=e.cost,
+        noise_beta=e.noise_beta,
+        keep_elites=e.keep_elites,
+        replan_every=e.replan_every,
+        action_dim=action_dim,
+    )
+
+
+class RecedingHorizon:
+    """Plans toward one goal, some blocks at a time, reusing the previous plan as a warm start."""
+
+    def __init__(self, model, planner: str, settings: PlannerSettings, block: int, seed: int):
+        self.model = model
+        self.plan_once = PLANNERS[planner]
+        self.settings = settings
+        self.block = block
+        self.generator = None
+        self.seed = seed
+        self.mean = None
+
+    def reset(self, goal_pixels: torch.Tensor) -> None:
+        """A new episode: encode the goal image ``(H, W, 3)`` uint8 on the device."""
+        device = goal_pixels.device
+        self.goal = self.model.encode(goal_pixels[None])
+        self.mean = torch.zeros(self.settings.horizon, self.block, device=device)
+        self.generator = torch.Generator(device=device).manual_seed(self.seed)
+
+    def act(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The blocks ``(replan_every, block)`` to execute now, from the frame ``(H, W, 3)``."""
+        latent = self.model.encode(pixels[None])
+        plan = self.plan_once(
+            self.model, latent, self.goal, self.mean, self.settings, self.generator
+        )
+        executed = min(self.settings.replan_every, len(plan))
+        # Warm start: the rest of this plan, then zero blocks, seeds the next search.
+        self.mean = torch.cat([plan[executed:], torch.zeros_like(plan[:executed])])
+        return plan[:executed]

@@ -1,0 +1,105 @@
+"""The training step: what ``swm train`` runs and ``swm memprofile`` traces.
+
+One module, so that the step memprofile predicts is the step training takes: ``optimizer_step``
+(forward under autocast, backward, clip, AdamW), the learning-rate schedule, the seeded clip
+order, and the figures a step logs. The model with its levers
+and its optimizer are ``memory.levers``'s (foreach AdamW on every device).
+"""
+
+import math
+
+import numpy as np
+import torch
+
+from swmcli.training.distributed import gradient_sync, mean_over_ranks
+
+TRAIN_KEYS = ["pixels", "action"]  # the only keys the loss reads: the loader fetches nothing else
+WARMUP_FRACTION = 0.05
+FINAL_LR_FRACTION = 0.1
+
+
+def learning_rate(step: int, total_steps: int, peak: float) -> float:
+    """Linear warm-up over the first 5% of steps, then cosine decay to 10% of ``peak``."""
+    warmup = max(1, int(WARMUP_FRACTION * total_steps))
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress_done = (step - warmup) / max(1, total_steps - warmup)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress_done)))
+    return peak * (FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * cosine)
+
+
+def _epoch_parts(num_clips: int, clips_per_step: int, first_step: int, last_step: int, seed: int):
+    """The clip indices of steps ``first_step .. last_step-1``, one epoch's permutation (or part
+    of it) at a time."""
+    begin, end = first_step * clips_per_step, last_step * clips_per_step
+    epoch = begin // num_clips
+    while epoch * num_clips < end:
+        permutation = np.random.default_rng([seed, epoch]).permutation(num_clips)
+        low = max(begin - epoch * num_clips, 0)
+        high = min(end - epoch * num_clips, num_clips)
+        yield permutation[low:high]
+        epoch += 1
+
+
+class ClipOrder:
+    """Clip indices for steps ``first_step .. last_step-1``, ``clips_per_step`` per step.
+
+    Epochs are permutations drawn from ``(seed, epoch)``, so a step's clips do not depend on
+    where a previous process stopped: resuming at step k reads what step k would have read.
+    Drawn one epoch at a time: memory stays at one epoch's permutation however many steps are
+    asked for (``--steps 100000000000`` allocates nothing more).
+    """
+
+    def __init__(self, num_clips: int, clips_per_step: int, first_step: int, last_step: int, seed):
+        self._args = (num_clips, clips_per_step, first_step, last_step, seed)
+        self._length = max(last_step - first_step, 0) * clips_per_step
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self):
+        for part in _epoch_parts(*self._args):
+            yield from part.tolist()
+
+
+def model_bytes(model, optimizer) -> int:
+    """Bytes of the model's parameters, gradients and optimizer state (what training holds
+    besides activations and batches)."""
+    tensors = [*model.parameters()]
+    tensors += [p.grad for p in model.parameters() if p.grad is not None]
+    for state in optimizer.state.values():
+        tensors += [v for v in state.values() if hasattr(v, "element_size")]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def optimizer_step(
+    objective, optimizer, device_batches, runner, grad_clip: float, micro_batches: int
+):
+    """One optimizer step: free the gradients, forward under autocast and backward for each of
+    the ``micro_batches`` device batches, clip, step. ``objective`` is the model's
+    ``protocol.Objective`` (or its data-parallel wrapper). Returns the detached loss terms of
+    each micro-batch and the gradient norm, without reading them back (memprofile runs this very
+    function on fake tensors, which have no values). Data-parallel ranks all-reduce only the last
+    micro-batch's gradients (``gradient_sync``)."""
+    optimizer.zero_grad(set_to_none=True)
+    parts = []
+    for index, batch in enumerate(device_batches):
+        with gradient_sync(objective, last=index == micro_batches - 1):
+            with runner.autocast():
+                terms = objective(batch)
+            (terms["loss"] / micro_batches).backward()
+        parts.append({key: torch.as_tensor(value).detach() for key, value in terms.items()})
+    grad_norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm is a DTensor
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    return parts, grad_norm
+
+
+def logged_figures(parts: list[dict], grad_norm, optimizer, world) -> dict[str, float]:
+    """The figures a step logs, read back from the device once: the mean of each loss term over
+    the micro-batches (and over the data-parallel ranks: the global batch's), the gradient norm
+    and the learning rate."""
+    means = {key: sum(float(part[key]) for part in parts) / len(parts) for key in parts[0]}
+    means = mean_over_ranks(means, world)
+    return {**means, "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"]}
