@@ -58,3 +58,15 @@ def test_collect_workers_benchmark_runs_one_and_two_processes():
         "--episodes", "2", "--workers", "1", "2",
     )  # fmt: skip
     assert "workers 1:" in out and "workers 2:" in out and "x one process" in out
+
+
+def test_overhead_benchmark_runs_swm_the_bare_loop_and_the_ceiling(tmp_path):
+    """benchmarks/overhead.py at a toy size: its figures are docs/benchmarks.md's, not checked
+    here; that it runs, and that the bare loop's losses equal swm's, is."""
+    out = _run(
+        "overhead.py", "--episodes", "8", "--steps", "3", "--rounds", "1", "--paths", "memory",
+        "--dir", str(tmp_path),
+    )  # fmt: skip
+    for row in ("memory  swm ", "memory  bare ", "memory  ceiling ", "swm / bare", "load average"):
+        assert row in out
+    assert out.splitlines()[-2].endswith("True")  # swm / bare: the same losses at every step

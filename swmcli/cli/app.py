@@ -21,6 +21,7 @@ import typer
 from swmcli import __version__
 from swmcli.cli.options import Sets, SwmGroup, add_command, given, renamed_settings_said
 from swmcli.errors import SwmError, describe_unexpected
+from swmcli.host import keep_freed_memory
 
 app = typer.Typer(
     name="swm",
@@ -276,7 +277,13 @@ def memprofile(
 
 
 def main() -> None:
-    """Console-script entry point. SIGTERM stops as Ctrl-C does: finished work is kept, exit 130."""
+    """Console-script entry point. SIGTERM stops as Ctrl-C does: finished work is kept, exit 130.
+
+    The process keeps the memory it frees for reuse (``host.keep_freed_memory``) from its start:
+    every step of every command frees and reallocates the same buffers, which glibc would
+    otherwise hand back to the kernel and fault in again (benchmarks/overhead.py).
+    """
+    keep_freed_memory()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         app()

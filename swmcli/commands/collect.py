@@ -66,7 +66,6 @@ def buffer_capacity(cfg: SwmConfig) -> tuple[int, str | None]:
 def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
     """Collect ``--episodes`` episodes, or exactly ``--steps`` steps (default: the buffer's
     worth, ``--max-steps``)."""
-
     settings = cfg.collect
     with monitor.phase("setup"):
         env = make_env(
@@ -163,7 +162,6 @@ def _rollouts(
     Ctrl-C or SIGTERM (``interrupted()``) stops between rows, never inside a write: the episode
     in progress is dropped and every finished one is already on disk.
     """
-
     episodes = steps = 0
     while True:
         limit = None if target is None else target - steps
@@ -246,7 +244,6 @@ def _worker_start(config: dict) -> None:
 
 def _worker_episode(index: int) -> dict[str, np.ndarray]:
     """Episode ``index`` of the dataset, rolled out whole in this worker (its env made once)."""
-
     if "env" not in _WORKER:
         cfg = SwmConfig.model_validate(_WORKER["config"])
         env = make_env(

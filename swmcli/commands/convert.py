@@ -35,7 +35,6 @@ def run_convert(
     ``monitor`` (a MemoryMonitor) measures it as the phase "convert"; ``skip_damaged`` leaves
     out (and counts) episodes that fail their checksum.
     """
-
     if layout not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", hint=f"use one of {', '.join(LAYOUTS)}")
     if layout != "swm" and to is not None:
@@ -77,7 +76,6 @@ def run_convert(
 
 def _episode_count(path: str | Path) -> int:
     """The episodes of the dataset at ``path``, for the progress bar."""
-
     reader = open_reader(path)
     try:
         return reader.num_episodes

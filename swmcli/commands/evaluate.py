@@ -63,7 +63,6 @@ def run_eval(run_dir: Path, monitor, cfg: SwmConfig | None = None) -> CommandRes
 
 def _evaluate(run_dir: Path, cfg: SwmConfig, monitor) -> CommandResult:
     """``run_eval``'s work, with the run directory's writer lock held."""
-
     runner = make_runner(
         bf16=cfg.runtime.bf16, compile=cfg.runtime.compile, cpu_threads=cfg.runtime.cpu_threads
     )
@@ -102,7 +101,6 @@ def _why_no_planning(cfg: SwmConfig, shape: dict[str, int]) -> str | None:
     otherwise: it was asked for); random goals need an env that gives a goal image. An env that
     cannot be made here (a package missing) leaves the open-loop error only.
     """
-
     try:
         env = make_env(
             cfg.env.id,
@@ -135,7 +133,6 @@ def _goal_episodes(cfg: SwmConfig):
 
 def load_model(run_dir: Path, cfg: SwmConfig, runner):
     """The run's world model with its checkpoint's weights (prepared by ``runner``) and state."""
-
     state = load_checkpoint(run_dir)
     model = build_model(cfg.model, state["model_args"])
     restore_model(model, state, checkpoint_path(run_dir))
@@ -146,7 +143,6 @@ def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path)
     """Refuse data whose frames or actions are not what the run was trained on (the dataset may
     have been replaced since), before any step that would fail on the shapes. Returns ``cfg``
     with the env the data came from (runs trained before the run config kept it)."""
-
     reader = open_reader(cfg.data.path)  # metadata only: no rows are read
     try:
         pixels = reader.keys["pixels"][1] if "pixels" in reader.keys else None
@@ -188,7 +184,6 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     The horizon is ``eval.horizon``, shortened to what the longest held-out episode holds (short
     expert episodes and a large frameskip); empty when not even one step fits.
     """
-
     frameskip = cfg.data.frameskip
     path, cache = cfg.data.path, cfg.data.cache_dir
     lengths = load_dataset(path, keys_to_load=["pixels"], cache_dir=cache).episode_lengths
@@ -221,7 +216,6 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
 
 def save_pictures(recorded, directory: Path, planner: str) -> dict[str, str]:
     """A labelled strip and GIF of the recorded episodes (see ``eval_pictures``)."""
-
     if not recorded:
         return {}
     directory.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ from typing import Any
 from swmcli import config
 from swmcli.data.storage.lock import run_lock
 from swmcli.errors import SwmError, UsageError
+from swmcli.host import keep_freed_memory
 from swmcli.interrupts import deferred_interrupts
 from swmcli.memory import levers
 from swmcli.memory.measure import rank_peaks
@@ -70,6 +71,7 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
     (exit 130). Returns the result; None on ranks but 0, and when it launches ``runtime.nproc``
     torchrun ranks itself (they report, as JSON with ``as_json``).
     """
+    keep_freed_memory()  # each step's activations reused, not faulted in again (as `swm` does)
     world = distributed.world_from_env()
     if world.size == 1 and cfg.runtime.nproc > 1:
         return _launch(cfg, resume, as_json)
@@ -103,8 +105,7 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
                 check(micro)
                 for group in run.optimizer.param_groups:
                     group["lr"] = learning_rate(step, last_step, cfg.train.lr)
-                # A generator: each micro-batch moves to the device only when its turn comes.
-                on_device = (run.runner.to_device(batch) for batch in micro)
+                on_device = (run.runner.to_device(batch) for batch in micro)  # each in its turn
                 parts, grad_norm = optimizer_step(
                     run.net, run.optimizer, on_device, run.runner, cfg.train.grad_clip, len(micro)
                 )
@@ -135,8 +136,7 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
 
 
 def _launch(cfg: config.SwmConfig, resume: bool, as_json: bool) -> None:
-    """``swm train --nproc N``: the same training as ``N`` torchrun ranks on this machine, each
-    reading this resolved config (resuming: the run's, with what this resume changes)."""
+    """``swm train --nproc N``: ``N`` torchrun ranks on this machine, each reading this config."""
     distributed.check_batch_split(distributed.World(size=cfg.runtime.nproc), cfg.train.batch_size)
     with tempfile.TemporaryDirectory(prefix="swm-launch-") as directory:
         config_file = Path(directory) / "config.json"

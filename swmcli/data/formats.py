@@ -122,7 +122,6 @@ def open_writer(
     """A writer for ``path``: ``mode`` "append" continues the dataset, "overwrite" replaces it,
     "error" refuses an existing path. ``metadata`` holds env_id, resolution and action_dim.
     """
-
     path = as_location(path)
     if mode not in MODES:
         raise UsageError(f"unknown write mode {mode!r}", hint=f"use one of {', '.join(MODES)}")
@@ -208,7 +207,6 @@ FREE_SPACE_MARGIN_BYTES = 64 * 2**20
 def check_free_space(path: Path, episode_bytes: int, hint: str | None = None) -> None:
     """Refuse a write the disk holding ``path`` has no room for (one clear error, exit 1;
     ``hint`` says what became of what was written)."""
-
     existing = path if path.exists() else path.parent
     free = shutil.disk_usage(existing).free
     needed = 2 * episode_bytes + FREE_SPACE_MARGIN_BYTES

@@ -105,7 +105,6 @@ _FRAMES_WHILE_RENDERING = 8
 
 def _check_frame_memory(resolution: int) -> None:
     """Refuse a resolution whose frames alone the host cannot hold, before anything is drawn."""
-
     needed = _FRAMES_WHILE_RENDERING * resolution * resolution * 3
     available = available_host_bytes()
     if needed > available:

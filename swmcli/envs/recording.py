@@ -52,7 +52,6 @@ def env_of_data(cfg: SwmConfig, metadata: Mapping[str, Any]) -> SwmConfig:
     """``cfg`` with its ``env`` section set to the env the data came from (its metadata), so a
     run trained on it, and ``swm eval`` of that run, play that env. Metadata without an env id
     (foreign datasets) leaves ``cfg`` as it is."""
-
     if not metadata.get("env_id"):
         return cfg
     settings: dict[str, Any] = {"env.id": metadata["env_id"]}
@@ -110,7 +109,6 @@ def sample_episodes(cfg: SwmConfig, episodes: int) -> tuple[list[dict[str, np.nd
     Row ``t`` holds observation ``t``, the reward and flags of arriving there and the action taken
     from it (NaN on the last row). Returns the episodes and the env's action dimension.
     """
-
     seed = cfg.collect.seed
     env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, seed, cfg.env.kwargs)
     policy = make_policy(cfg.collect.policy, env, seed)

@@ -52,7 +52,6 @@ def applicable_levers(cfg: SwmConfig, predictor: PeakPredictor) -> list[Lever]:
     """The levers this config and model can use: bf16 always; the optimizer in backward without
     accumulation in one process; sharding across ranks; checkpointing the configured modules,
     else the model's blocks when it has some."""
-
     levers = [Lever("bf16", 1, (("bf16", True),))]
     if cfg.train.grad_accum == 1 and cfg.runtime.nproc == 1:
         levers.append(Lever("optimizer in backward", 2, (("in_backward", True),)))

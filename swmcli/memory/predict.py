@@ -103,7 +103,6 @@ def train_step(
 ) -> None:
     """One optimizer step exactly as ``swm train`` takes it (its own ``optimizer_step``), with
     ``batch`` standing for each micro-batch: a later one runs with the gradients alive."""
-
     optimizer_step(objective, optimizer, [batch] * micro_batches, runner, grad_clip, micro_batches)
 
 

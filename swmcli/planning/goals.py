@@ -47,7 +47,6 @@ def goal_episodes(cfg) -> list[GoalEpisode]:
 def dataset_episodes(path, settings) -> list[GoalEpisode]:
     """Start states and goal observations ``settings.goal_offset`` steps apart, held-out data
     (the last ``settings.heldout_episodes``, split as training splits them)."""
-
     reader = open_reader(path)
     try:
         _, heldout = heldout_split(reader.num_episodes, settings.heldout_episodes)

@@ -110,7 +110,6 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any]:
     Checks its checksum, that ``config.json`` is the config it was written with, and that every
     weight and optimizer value is finite. A checkpoint from before checksums loads unverified.
     """
-
     path = checkpoint_path(run_dir)
     if not path.is_file():
         previous = _last_good(run_dir)
@@ -236,7 +235,6 @@ def check_data_fingerprint(
     the check: it is rewritten from the checkpoint's copy, and that is said. A checkpoint from
     before checksums has only ``data.json``: without it the run is refused.
     """
-
     path = Path(run_dir) / DATA_FINGERPRINT_FILE
     if state is None:
         if write:

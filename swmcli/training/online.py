@@ -75,7 +75,6 @@ class OnlineFeed:
 
     def open_record(self, resume: bool) -> None:
         """Open ``--record`` for appending; when resuming, refill the buffer from it first."""
-
         record = self.cfg.online.record
         if record is None:
             if resume:
@@ -104,7 +103,6 @@ class OnlineFeed:
 
     def collect_until(self, rows: int) -> None:
         """Roll out until ``rows`` rows are collected and at least one clip can be sampled."""
-
         while self.rows < rows or self.buffer.num_clips == 0:
             if self._episode is None:
                 seed = episode_seed(self.seed, self.episodes)
@@ -130,7 +128,6 @@ class OnlineFeed:
     def batches(self, first_step: int) -> Iterator[dict]:
         """The micro-batches of steps ``first_step .. train.steps-1``, collecting before each
         step what that step is due."""
-
         train, online = self.cfg.train, self.cfg.online
         for step in range(first_step, train.steps):
             self.collect_until(online.warmup_steps + int(step / online.updates_per_step))
@@ -189,7 +186,6 @@ class NoisyPlanner:
 
     def _plan(self, pixels: np.ndarray) -> np.ndarray:
         """The actions of the blocks to execute now, ``(steps, action_dim)``."""
-
         with self.runner.inference(self.model):
             if not self.goal_set:  # the env was reset just before the first action
                 goal = goal_pixels(self.env)

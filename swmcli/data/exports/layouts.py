@@ -55,7 +55,6 @@ def export_dataset(
     """Write the dataset at ``src`` to ``dst`` in another tool's ``layout`` (stable-worldmodel's
     ``.lance`` or ``.h5``, or a LeRobot v3 directory), streamed, verified and renamed into
     place; returns what ``copy_dataset`` does."""
-
     src, dst = loc.as_location(src), loc.as_location(dst)
     suffix = Path(loc.name(dst)).suffix.lower()
     if loc.is_remote(dst) or (layout != "lerobot" and suffix not in (".lance", ".h5", ".hdf5")):

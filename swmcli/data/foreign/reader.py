@@ -45,7 +45,6 @@ _PROVENANCE = ("codec", "lossy", "convention")
 def detect(path: Path) -> str | None:
     """The foreign layout at the local ``path``, or None. Cheap: reads a few bytes, lists a
     directory; never opens a Lance dataset (that would make this process unsafe to fork)."""
-
     found = upstream.detect(path) or upstream_files.detect(path) or minari.detect(path)
     return found or lerobot.detect(path)
 
@@ -64,7 +63,6 @@ def parse_mapping(pairs: list[str] | None) -> dict[str, str]:
 
 def open_reader(path: Path, format: str, mapping: Mapping[str, str] | None = None):
     """A ``ForeignReader`` over the dataset at ``path`` (its layout ``format`` from ``detect``)."""
-
     opener = {UPSTREAM_LANCE: upstream.open_lance, UPSTREAM_HDF5: upstream.open_hdf5}
     opener.update({UPSTREAM_FOLDER: upstream_files.open_source})
     opener.update({UPSTREAM_VIDEO: upstream_files.open_source})

@@ -211,7 +211,6 @@ class UpstreamLance:
 
     def _video_table(self):
         """main's ``lance_video`` layout: frames as MP4 blobs in ``<name>_videos.lance``."""
-
         table = self.path.with_name(self.path.name[: -len(".lance")] + "_videos.lance")
         if not table.is_dir() or not len(self.lengths):
             return None
