@@ -279,7 +279,8 @@ class RuntimeConfig(Section):
     optimizer_in_backward: bool = Field(
         False,
         description="step AdamW per parameter inside backward and free each gradient at once: "
-        "saves the gradients' memory; no gradient clipping or accumulation, one process",
+        "saves the gradients' memory; cannot clip (needs --grad-clip 0) nor accumulate, one "
+        "process",
         json_schema_extra=flag("--optimizer-in-backward"),
     )
     shard: bool = Field(
@@ -739,6 +740,9 @@ def load_run_config(
 #: trains (``data.path`` may move: the data's fingerprint must still match).
 RESUMABLE = ("runtime.", "train.steps", "train.out", "train.checkpoint_every", "train.log_every")
 RESUMABLE += ("train.loggers",)
+# A run saved with the optimizer in backward before clipping was refused there trained unclipped:
+# its resume switches clipping off to go on as it ran (and may switch it on or off otherwise).
+RESUMABLE += ("train.grad_clip",)
 RESUMABLE += ("data.path", "data.in_memory", "data.num_workers", "data.worker_kind")
 RESUMABLE += ("data.cache_dir",)
 RESUMABLE += ("data.prefetch_factor", "data.ram_budget", "data.ram_share")

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,3 +59,26 @@ def test_collect_workers_benchmark_runs_one_and_two_processes():
         "--episodes", "2", "--workers", "1", "2",
     )  # fmt: skip
     assert "workers 1:" in out and "workers 2:" in out and "x one process" in out
+
+
+def test_independent_peak_agrees_with_memprofiles_cpu_prediction():
+    """benchmarks/independent_peak.py (no swm inside) against `swm memprofile --predict-for cpu`
+    for the conv + GroupNorm test model with bf16 and checkpointing, at a toy size."""
+    import json
+
+    from swmcli.config import resolve_config
+    from swmcli.memory.predict import PeakPredictor, configured_variant
+
+    model = f"{ROOT}/tests/models/conv_world_model.py:build"
+    shape = ["--resolution", "32", "--batch-size", "4", "--history-len", "3", "--frameskip", "1"]
+    levers = ["--bf16", "--checkpoint", "ConvStage"]
+    counts = [
+        json.loads(_run("independent_peak.py", "--model", model, *shape, *levers, *count))
+        for count in ([], ["--count", "storages"])
+    ]
+    flags = {"model.factory": model, "train.batch_size": 4, "runtime.bf16": True}
+    cfg = resolve_config("tiny", flags={**flags, "runtime.activation_checkpointing": "ConvStage"})
+    step = {"pixels": np.zeros((32, 32, 3), np.uint8), "action": np.zeros(2, np.float32)}
+    predicted = PeakPredictor(cfg, step, "cpu").predict(configured_variant(cfg, 4)).peak_bytes
+    for count in counts:
+        assert predicted == pytest.approx(count["peak_bytes"], rel=0.05), count
