@@ -27,7 +27,7 @@ from swmcli.memory.trace import (
     CUDA_BLOCK_BYTES,
     StepPeak,
     cuda_allowance_bytes,
-    cuda_fp32_casts,
+    cuda_autocast_on_cpu,
     recompute_with_cuda_casts,
     trace_step_peak,
 )
@@ -169,10 +169,10 @@ class TraceRunner:
     """The Runner's autocast and inference contexts, for tracing a step on CPU tensors as it runs
     on ``device``.
 
-    bf16 is CPU autocast; for ``"cuda"`` the whole step (``step``) also runs under the float32
-    casts CUDA autocast adds (``cuda_fp32_casts``), so the trace keeps the dtypes a GPU keeps, and
-    so do the recomputations of checkpointed modules (``prepare``). Inference is the Runner's
-    (eval mode, ``requires_grad_(False)``, ``inference_mode``).
+    bf16 is CPU autocast; for ``"cuda"`` plus the float32 casts CUDA autocast adds
+    (``cuda_autocast_on_cpu``), so the trace keeps the dtypes a GPU keeps, and so do the
+    recomputations of checkpointed modules (``prepare``). Inference is the Runner's (eval mode,
+    ``requires_grad_(False)``, ``inference_mode``).
     """
 
     bf16: bool
@@ -187,16 +187,14 @@ class TraceRunner:
         if self.cuda_casts:
             recompute_with_cuda_casts(model)
 
-    def step(self) -> contextlib.AbstractContextManager:
-        """Around a whole step: CUDA autocast's float32 casts where the trace is for CUDA."""
-        return cuda_fp32_casts() if self.cuda_casts else contextlib.nullcontext()
-
     def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 autocast, or nothing in fp32."""
+        """bf16 autocast as ``device`` runs it, or nothing in fp32."""
         import torch
 
         if not self.bf16:
             return contextlib.nullcontext()
+        if self.cuda_casts:
+            return cuda_autocast_on_cpu(torch.bfloat16)
         return torch.autocast("cpu", dtype=torch.bfloat16)
 
     @contextlib.contextmanager
@@ -282,9 +280,8 @@ class PeakPredictor:
             micro_batches = traced_micro_batches(self.cfg, variant)
 
             def run() -> None:
-                with runner.step():
-                    for _ in range(2):  # the second step runs with optimizer state, as training
-                        train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
+                for _ in range(2):  # the second step runs with optimizer state, as training does
+                    train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
 
             return batch, run
 
@@ -295,12 +292,7 @@ class PeakPredictor:
             batch = clip_batch(self.step, variant)
             runner = TraceRunner(variant.bf16, self.device)
             runner.prepare(model)
-
-            def run():
-                with runner.step():
-                    return eval_step(model, batch, runner, variant.grad_free)
-
-            return batch, run
+            return batch, lambda: eval_step(model, batch, runner, variant.grad_free)
 
         return make
 

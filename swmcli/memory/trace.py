@@ -2,8 +2,8 @@
 
 ``trace_step_peak`` runs a step on fake tensors under ``CategorisedLiveBytes`` and gives the peak
 of live tensor bytes by category (parameters, gradients, optimizer state, inputs, activations,
-temporaries); ``cuda_fp32_casts`` makes a CPU trace keep the dtypes CUDA bf16 autocast keeps (a
-trace for the CPU leaves CPU autocast as it is), and ``cuda_allowance_bytes`` adds what is not a
+temporaries); ``cuda_autocast_on_cpu`` makes a CPU trace keep the dtypes CUDA bf16 autocast keeps
+(a trace for the CPU leaves CPU autocast as it is), and ``cuda_allowance_bytes`` adds what is not a
 tensor. Measuring is ``measure.py``.
 """
 
@@ -264,9 +264,10 @@ def cuda_fp32_casts() -> Iterator[None]:
     take float32 copies of their bf16 inputs and return float32, which the next layer saves.
     The casts are made where those functions are called from Python (a torch function mode), so
     they are recorded by autograd as CUDA's are; calls nested inside other torch functions are
-    not seen (none of the world model's memory hinges on one). Meant to be on for a whole step:
-    it casts only while autocast is on, so backward is left alone and a checkpointed module,
-    which torch recomputes under its forward's autocast, recomputes in the dtypes it saved.
+    not seen (none of the world model's memory hinges on one). It casts only while CPU autocast
+    lowers (as CUDA's casts happen only under autocast): ``recompute_with_cuda_casts`` enters it
+    for the recomputation of checkpointed modules, which torch runs under its forward's autocast
+    but outside the function modes the forward ran under.
     """
     import torch
     from torch.overrides import TorchFunctionMode
