@@ -279,7 +279,8 @@ class RuntimeConfig(Section):
     optimizer_in_backward: bool = Field(
         False,
         description="step AdamW per parameter inside backward and free each gradient at once: "
-        "saves the gradients' memory; no gradient clipping or accumulation, one process",
+        "saves the gradients' memory; cannot clip (needs --grad-clip 0) nor accumulate, one "
+        "process",
         json_schema_extra=flag("--optimizer-in-backward"),
     )
     shard: bool = Field(
@@ -301,7 +302,12 @@ class TrainConfig(Section):
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
     lr: float = Field(5e-4, gt=0, description="peak learning rate (warm-up, then cosine)")
     weight_decay: float = Field(0.05, ge=0, description="AdamW weight decay")
-    grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
+    grad_clip: float = Field(
+        1.0,
+        ge=0,
+        description="scale the gradients down to this global norm when above it; 0: no clipping "
+        "(--optimizer-in-backward needs 0)",
+    )
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of init, sampling and shuffling")
     out: Path = Field(Path("runs/tworoom"), description="run directory")
     checkpoint_every: PositiveInt = Field(100, description="steps between atomic checkpoints")
@@ -449,6 +455,13 @@ class MemprofileConfig(Section):
         None,
         description="draw the predicted peaks as stacked bars by category (per combination of "
         "levers with --budget, else per technique) with the budget line, into this PNG",
+    )
+    predict_for: Literal["cuda", "cpu"] = Field(
+        "cuda",
+        description="the device whose semantics the prediction follows: cuda (what CUDA bf16 "
+        "autocast keeps in float32, the allocator's 512-byte blocks) or cpu (CPU autocast, "
+        "exact bytes: what `swm train` on a CPU uses)",
+        json_schema_extra=flag(metavar="DEVICE"),
     )
 
     @field_validator("budget", "ram_budget", mode="before")
@@ -661,6 +674,15 @@ def resolve_config(
     return _validated(_merge(tree, _settings_tree(sets, flags)))
 
 
+#: The settings of swm's own model (its architecture) and of swm's JEPA loss: a run of a
+#: ``model.factory`` model does not record the first, nor the second when it has its own loss.
+SWM_MODEL_SETTINGS = (
+    "encoder", "latent_dim", "cnn_width", "vit_patch", "vit_dim", "vit_depth", "vit_heads",
+    "predictor_dim", "predictor_depth", "predictor_heads",
+)  # fmt: skip
+JEPA_LOSS_SETTINGS = ("regularizer", "regularizer_weight", "rollout_weight")
+
+
 def save_config(config: SwmConfig, directory: Path) -> Path:
     """Write the resolved config next to a command's output, so the run needs nothing else."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -669,9 +691,15 @@ def save_config(config: SwmConfig, directory: Path) -> Path:
     return path
 
 
-def config_text(config: SwmConfig) -> str:
-    """A config as ``config.json`` holds it (and the checkpoint beside it, byte for byte)."""
-    return config.model_dump_json(indent=2) + "\n"
+def config_text(config: SwmConfig, own_loss: bool = False) -> str:
+    """A config as ``config.json`` holds it (and the checkpoint beside it, byte for byte): the
+    settings that apply to its model. A ``model.factory`` model leaves out swm's model's
+    settings, and swm's loss settings when it has a loss of its own (``own_loss``); loading the
+    file back gives them their defaults, which nothing reads."""
+    left_out: set[str] = set()
+    if config.model.factory is not None:
+        left_out.update(SWM_MODEL_SETTINGS, JEPA_LOSS_SETTINGS if own_loss else ())
+    return config.model_dump_json(indent=2, exclude={"model": left_out}) + "\n"
 
 
 def load_run_config(
@@ -712,6 +740,9 @@ def load_run_config(
 #: trains (``data.path`` may move: the data's fingerprint must still match).
 RESUMABLE = ("runtime.", "train.steps", "train.out", "train.checkpoint_every", "train.log_every")
 RESUMABLE += ("train.loggers",)
+# A run saved with the optimizer in backward before clipping was refused there trained unclipped:
+# its resume switches clipping off to go on as it ran (and may switch it on or off otherwise).
+RESUMABLE += ("train.grad_clip",)
 RESUMABLE += ("data.path", "data.in_memory", "data.num_workers", "data.worker_kind")
 RESUMABLE += ("data.cache_dir",)
 RESUMABLE += ("data.prefetch_factor", "data.ram_budget", "data.ram_share")

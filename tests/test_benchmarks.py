@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,3 +71,23 @@ def test_overhead_benchmark_runs_swm_the_bare_loop_and_the_ceiling(tmp_path):
     for row in ("memory  swm ", "memory  bare ", "memory  ceiling ", "swm / bare", "load average"):
         assert row in out
     assert out.splitlines()[-2].endswith("True")  # swm / bare: the same losses at every step
+
+
+def test_independent_peak_agrees_with_memprofiles_cpu_prediction():
+    """benchmarks/independent_peak.py (no swm inside) against `swm memprofile --predict-for cpu`
+    for the conv + GroupNorm test model with bf16 and checkpointing, at a toy size."""
+    import json
+
+    from swmcli.config import resolve_config
+    from swmcli.memory.predict import PeakPredictor, configured_variant
+
+    model = f"{ROOT}/tests/models/conv_world_model.py:build"
+    shape = ["--resolution", "32", "--batch-size", "4", "--history-len", "3", "--frameskip", "1"]
+    levers = ["--bf16", "--checkpoint", "ConvStage"]
+    measured = json.loads(_run("independent_peak.py", "--model", model, *shape, *levers))
+    flags = {"model.factory": model, "train.batch_size": 4, "runtime.bf16": True}
+    cfg = resolve_config("tiny", flags={**flags, "runtime.activation_checkpointing": "ConvStage"})
+    step = {"pixels": np.zeros((32, 32, 3), np.uint8), "action": np.zeros(2, np.float32)}
+    predicted = PeakPredictor(cfg, step, "cpu").predict(configured_variant(cfg, 4)).peak_bytes
+    assert measured["count"] == "profiler"  # torch.profiler's allocator events
+    assert predicted == pytest.approx(measured["peak_bytes"], rel=0.05)

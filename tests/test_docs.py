@@ -145,6 +145,20 @@ def test_every_flag_named_in_the_prose_exists():
     assert not missing, "\n".join(missing)
 
 
+def test_every_command_page_lists_every_flag_of_its_help():
+    """docs/commands/NAME.md names, in its tables, every flag `swm NAME --help` shows."""
+    group = get_command(app)
+    pages = {page.stem: page for page in (ROOT / "docs" / "commands").glob("*.md")}
+    assert set(pages) == set(group.commands), "one page per command"
+    missing = []
+    for name, page in sorted(pages.items()):
+        rows = "\n".join(line for line in page.read_text().splitlines() if line.startswith("|"))
+        listed = set(re.findall(r"(?<![\w-])(--[\w-]+)", rows))
+        flags = {flag for flag in visible_flags(group.commands[name]) if flag.startswith("--")}
+        missing += [f"{page.name}: {flag}" for flag in sorted(flags - listed - {"--help"})]
+    assert not missing, "\n".join(missing)
+
+
 def test_every_script_the_docs_name_exists():
     for page in PAGES:
         for script in set(

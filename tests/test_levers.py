@@ -4,6 +4,7 @@ Equality on a few real training steps of the tiny preset (float rounding apart);
 saves, predicted (test_memprofile.py holds each prediction to the real CPU step within 5%).
 """
 
+import copy
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +13,9 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from typer.testing import CliRunner
 
+from swmcli.cli import app
 from swmcli.commands.train import run_train
 from swmcli.config import resolve_config, with_settings
 from swmcli.errors import UsageError
@@ -26,35 +29,74 @@ from swmcli.memory.levers import (
 from swmcli.memory.measure import MemoryMonitor
 from swmcli.memory.predict import PeakPredictor, Variant
 
-NO_CLIP = {"train.grad_clip": 1e9}  # optimizer-in-backward cannot clip: compare unclipped
+MODELS = Path(__file__).parent / "models"
+# Each model of the matrix: its factory (None: swm's own) and the module classes to checkpoint.
+MATRIX_MODELS = {
+    "swm": (None, "TransformerEncoderLayer,Conv2d"),
+    "mlp": (f"{MODELS / 'mlp_world_model.py'}:build", "Sequential"),
+    "conv": (f"{MODELS / 'conv_world_model.py'}:build", "ConvStage"),
+}
+# No lever, each alone (checkpointing by blocks and by class), each pair, all three.
+LEVER_SETS = ["none", "bf16", "blocks", "class", "inbwd", "bf16+blocks", "bf16+class",
+              "bf16+inbwd", "blocks+inbwd", "class+inbwd", "bf16+blocks+inbwd",
+              "bf16+class+inbwd"]  # fmt: skip
+_RUNS: dict[tuple[str, str], tuple[list[dict], int, int]] = {}
 
 
-def _losses(tiny_data, out: Path, **settings) -> list[float]:
-    flags = {"data.path": tiny_data, "train.out": out, "train.steps": 3, "train.log_every": 1}
-    cfg = resolve_config("tiny", flags={**flags, **NO_CLIP, **settings})
-    run_train(cfg, MemoryMonitor())
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [row["loss"] for row in rows]
+def _lever_settings(model: str, levers: str) -> dict:
+    factory, classes = MATRIX_MODELS[model]
+    each = {
+        "bf16": {"runtime.bf16": True},
+        "blocks": {"runtime.activation_checkpointing": "blocks"},
+        "class": {"runtime.activation_checkpointing": classes},
+        "inbwd": {"runtime.optimizer_in_backward": True},
+    }
+    settings = {"model.factory": factory}
+    for lever in levers.split("+"):
+        settings.update(each.get(lever, {}))
+    return settings
 
 
-@pytest.fixture(scope="module")
-def baseline(tiny_data, tmp_path_factory):
-    return _losses(tiny_data, tmp_path_factory.mktemp("baseline"))
+def _matrix_run(tiny_data, tmp_path_factory, model: str, levers: str):
+    """Three real training steps of ``model`` with ``levers`` (cached): the logged rows, the
+    preflight's prediction (the CPU's semantics: this run is on the CPU) and the live-bytes peak
+    of its steady steps."""
+    if (model, levers) not in _RUNS:
+        out = tmp_path_factory.mktemp(f"{model}-{levers}")
+        flags = {"data.path": tiny_data, "train.out": out, "train.steps": 3}
+        flags |= {"train.log_every": 1, "train.grad_clip": 0}  # in backward cannot clip
+        cfg = resolve_config("tiny", flags={**flags, **_lever_settings(model, levers)})
+        monitor = MemoryMonitor(track_tensors=True)
+        result = run_train(cfg, monitor)
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        steady = next(p for p in monitor.report.phases if p.name == "steady state")
+        predicted = result.fields["preflight_step_bytes"]
+        _RUNS[model, levers] = rows, predicted, steady.live_tensor_peak_bytes
+    return _RUNS[model, levers]
 
 
-@pytest.mark.parametrize(
-    "lever",
-    [
-        {"runtime.activation_checkpointing": "blocks"},
-        {"runtime.activation_checkpointing": "TransformerEncoderLayer,Conv2d"},
-        {"runtime.optimizer_in_backward": True},
-    ],
-    ids=["checkpoint-blocks", "checkpoint-types", "optimizer-in-backward"],
-)
-def test_lever_trains_to_the_same_losses(tiny_data, tmp_path, baseline, lever):
-    losses = _losses(tiny_data, tmp_path, **lever)
-    assert losses == pytest.approx(baseline, rel=1e-5)
-    assert losses[-1] != losses[0]  # it trained
+@pytest.mark.parametrize("levers", LEVER_SETS)
+@pytest.mark.parametrize("model", MATRIX_MODELS)
+def test_every_lever_set_trains_to_its_reference_as_predicted(
+    tiny_data, tmp_path_factory, model, levers
+):
+    """The lever matrix: each set trains 3 steps to its reference's losses (fp32 sets: the plain
+    run's; bf16 sets: bf16 alone's) with the true gradient norm, and the preflight predicts its
+    steady steps' live-bytes peak within 5%; or it is refused in one line before training."""
+    if model == "mlp" and "blocks" in levers:  # an MLP has no repeated blocks: refused
+        with pytest.raises(UsageError, match="no module to checkpoint"):
+            _matrix_run(tiny_data, tmp_path_factory, model, levers)
+        return
+    rows, predicted, measured = _matrix_run(tiny_data, tmp_path_factory, model, levers)
+    reference = "bf16" if "bf16" in levers else "none"
+    expected = _matrix_run(tiny_data, tmp_path_factory, model, reference)[0]
+    tolerance = 1e-4 if "bf16" in levers else 1e-5
+    for key in ("loss", "grad_norm"):
+        values = [row[key] for row in rows]
+        assert all(np.isfinite(values)) and values[0] > 0
+        assert values == pytest.approx([row[key] for row in expected], rel=tolerance), key
+    assert rows[-1]["loss"] != rows[0]["loss"]  # it trained
+    assert predicted == pytest.approx(measured, rel=0.05)
 
 
 def test_checkpointing_keeps_the_saved_weights_plain():
@@ -72,18 +114,36 @@ def test_checkpointing_names_a_module_class_the_model_lacks():
         checkpointed_modules(nn.Sequential(nn.Linear(2, 2)), "blocks")
 
 
-def test_optimizer_in_backward_frees_each_gradient_and_refuses_accumulation():
+def test_optimizer_in_backward_frees_each_gradient_and_reports_their_true_norm():
     model = nn.Linear(3, 3)
+    plain = copy.deepcopy(model)
     cfg = resolve_config("tiny")
     optimizer = make_optimizer(model, cfg.train, in_backward=True)
     before = model.weight.detach().clone()
+    optimizer.zero_grad()
     model(torch.ones(2, 3)).sum().backward()
     assert model.weight.grad is None and not torch.equal(model.weight, before)
     assert isinstance(optimizer, InBackwardOptimizer) and len(optimizer.state) == 2
+    plain(torch.ones(2, 3)).sum().backward()
+    expected = torch.nn.utils.get_total_norm([p.grad for p in plain.parameters()])
+    assert float(optimizer.grad_norm()) == pytest.approx(float(expected), rel=1e-6)
+    assert float(expected) > 0
     with pytest.raises(UsageError, match="accumulat"):
-        check_lever_combination(
-            with_settings(cfg, {"runtime.optimizer_in_backward": True, "train.grad_accum": 2})
-        )
+        settings = {"runtime.optimizer_in_backward": True, "train.grad_clip": 0}
+        check_lever_combination(with_settings(cfg, {**settings, "train.grad_accum": 2}))
+
+
+@pytest.mark.parametrize("command", ["train", "memprofile"])
+def test_optimizer_in_backward_with_clipping_is_refused_in_one_line_before_any_work(
+    tmp_path, command
+):
+    out = tmp_path / "run"
+    flags = ["--preset", "tiny", "--optimizer-in-backward", "--set", f"train.out={str(out)!r}"]
+    result = CliRunner().invoke(app, [command, *flags])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("error:") == 1 and "Traceback" not in result.output
+    assert "cannot clip" in result.output and "--grad-clip 0" in result.output
+    assert not out.exists()  # refused before anything was written
 
 
 def test_levers_lower_the_predicted_peak():

@@ -26,7 +26,7 @@ from swmcli.data.buffer import step_bytes
 from swmcli.envs.recording import sample_episodes
 from swmcli.memory.fitting import applicable_levers, cheapest_fitting, combinations, plan_sentence
 from swmcli.memory.measure import LiveTensorBytes, MemoryMonitor
-from swmcli.memory.predict import PeakPredictor, Variant, largest_fitting
+from swmcli.memory.predict import DEVICES, PeakPredictor, Variant, largest_fitting
 from swmcli.memory.trace import (
     CategorisedLiveBytes,
     cuda_allowance_bytes,
@@ -35,6 +35,7 @@ from swmcli.memory.trace import (
 )
 
 USER_MODEL = str(Path(__file__).parent / "models" / "mlp_world_model.py") + ":build"
+CONV_MODEL = str(Path(__file__).parent / "models" / "conv_world_model.py") + ":build"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -98,16 +99,24 @@ def test_prediction_equals_real_cpu_live_peak(tiny, changes):
     assert sum(predicted.by_category.values()) == predicted.peak_bytes
 
 
-@pytest.mark.parametrize("factory", [None, USER_MODEL], ids=["swm-model", "user-model"])
+@pytest.mark.parametrize(
+    ("factory", "modules"),
+    [(None, "blocks"), (USER_MODEL, "Linear"), (CONV_MODEL, "ConvStage")],
+    ids=["swm-model", "mlp-model", "conv-model"],
+)
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"checkpointing": "blocks"}, {"in_backward": True}, {"bf16": True, "in_backward": True}],
-    ids=["plain", "checkpointing", "optimizer-in-backward", "bf16-optimizer-in-backward"],
-)
-def test_prediction_with_levers_equals_real_cpu_live_peak(factory, changes):
+    [{}, {"checkpointing": True}, {"in_backward": True}, {"bf16": True, "in_backward": True},
+     {"bf16": True, "checkpointing": True}],
+    ids=["plain", "checkpointing", "optimizer-in-backward", "bf16-optimizer-in-backward",
+         "bf16-checkpointing"],
+)  # fmt: skip
+def test_prediction_with_levers_equals_real_cpu_live_peak(factory, modules, changes):
+    """Traced for CUDA (bf16: CUDA autocast's float32 casts, kept when a checkpointed GroupNorm
+    is recomputed), fake against real CPU tensors under the same casts."""
     cfg = resolve_config("tiny", sets=[f'model.factory="{factory}"'] if factory else None)
-    if factory and changes.get("checkpointing"):
-        changes = {**changes, "checkpointing": "Linear"}  # an MLP has no blocks: per module type
+    if changes.get("checkpointing"):
+        changes = {**changes, "checkpointing": modules}  # an MLP has no blocks: per module type
     predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
     variant = replace(Variant("train", False, 8, cfg.data.history_len, 1), **changes)
     model = predictor.model(variant.history_len, variant.frameskip, variant.checkpointing)
@@ -245,7 +254,7 @@ def test_run_memprofile_reports_every_technique_and_buffer(tiny_result):
     assert compile_row[2] == "measured on GPU"
     assert [phase.name for phase in monitor.report.phases] == ["sample", "predict"]
     # The levers, one row each, and every combination of them under the budget: none is needed.
-    for name in ("optimizer in backward", "activation checkpointing"):
+    for name in ("optimizer in backward (no clipping)", "activation checkpointing"):
         assert name in techniques
     assert len(result.tables[-1].rows) == 2**3  # bf16, optimizer in backward, checkpointing
     assert fields["plan"].startswith("to train B=16 at 32 in 1.00 GiB: no lever;")
@@ -261,7 +270,7 @@ def test_plan_picks_the_cheapest_levers_that_fit(tiny):
     budget = by_name["bf16"].needed_bytes
     assert by_name["no lever"].needed_bytes > budget
     assert cheapest_fitting(options, budget).name == "bf16"
-    everything = by_name["bf16 + optimizer in backward + activation checkpointing"]
+    everything = by_name["bf16 + optimizer in backward (no clipping) + activation checkpointing"]
     assert everything.needed_bytes < budget
     assert cheapest_fitting(options, everything.needed_bytes - 1) is None
     sentence = plan_sentence(options, budget, 32)
@@ -285,6 +294,37 @@ def test_cli_profiles_a_user_model_with_its_plan_and_picture(tmp_path):
     )
     assert lacking.exit_code == 2
     assert "has no method predict(latents, actions) -> next latents" in lacking.output
+
+
+def _memprofile_json(*flags: str) -> dict:
+    result = CliRunner().invoke(app, ["memprofile", "--preset", "tiny", "--json", *flags])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_conv_groupnorm_model_is_predicted_for_cuda_or_the_cpu_and_skips_rows_it_cannot_take():
+    """bf16 + checkpointing GroupNorm blocks predicts (it crashed: recomputed in bf16 what the
+    forward saved in float32); a model capped at 3 time steps skips the longer rows with a note;
+    the table says whose semantics it follows, and the CPU's bf16 keeps GroupNorm in bf16."""
+    flags = ["--model", CONV_MODEL, "--bf16", "--activation-checkpointing", "ConvStage"]
+    flags += ["--frameskip", "2", "--set", "model.kwargs.max_len=3"]
+    flags += ["--set", "memprofile.sample_episodes=1"]
+    by_device = {device: _memprofile_json(*flags, "--predict-for", device) for device in DEVICES}
+    for device, payload in by_device.items():
+        assert payload["predicted_for"] == device
+        title = payload["tables"][0]["title"]
+        assert f"predicted for {'CUDA' if device == 'cuda' else 'the CPU'}" in title
+        techniques = [row[0] for row in payload["tables"][0]["rows"]]
+        assert "activation checkpointing (ConvStage)" in techniques and "batch 8" in techniques
+        assert "history 6" not in techniques
+        skipped = [note for note in payload["notes"] if "skipped" in note]
+        assert [note.split(" skipped")[0] for note in skipped] == [
+            "row 'frameskip 1, same span (6 frames)'",
+            "row 'history 6'",
+        ]
+        assert "the model cannot take" in skipped[0] and "RuntimeError" in skipped[0]
+    peaks = {device: p["predicted_train_peak_bytes"] for device, p in by_device.items()}
+    assert peaks["cpu"] < 0.9 * peaks["cuda"]  # CUDA keeps GroupNorm's output in float32
 
 
 def test_the_tables_piped_at_80_columns_keep_every_row_name_whole(tiny_result, capsys, monkeypatch):
@@ -342,7 +382,8 @@ def test_snapshot_without_cuda_is_a_usage_error(tmp_path):
 def test_gpu_measured_peaks_within_10_percent_of_prediction(tmp_path):
     cfg = resolve_config("tworoom-224")
     predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
-    rows = [row for row in technique_rows(cfg) if not row.variant.compile]
+    rows = technique_rows(cfg, applicable_levers(cfg, predictor))
+    rows = [row for row in rows if not row.variant.compile]
     for row in rows:
         row.predicted = predictor.predict(row.variant)
     snapshot = tmp_path / "memory.pickle"

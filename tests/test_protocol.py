@@ -24,14 +24,20 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _train(tiny_data, run_dir: Path, factory: str) -> list[dict]:
+def _train(tiny_data, run_dir: Path, factory: str) -> tuple[list[dict], dict]:
+    """The logged rows and the summary's fields of a run of the tiny preset with ``factory``."""
     flags = {"data.path": tiny_data, "train.out": run_dir, "train.log_every": 1}
-    run_train(resolve_config("tiny", flags={**flags, "model.factory": factory}), MemoryMonitor())
+    cfg = resolve_config("tiny", flags={**flags, "model.factory": factory})
+    result = run_train(cfg, MemoryMonitor())
     rows = _metrics(run_dir)
     first = np.mean([row["loss"] for row in rows[:5]])
     last = np.mean([row["loss"] for row in rows[-5:]])
     assert last < 0.8 * first, (first, last)
-    return rows
+    return rows, result.fields
+
+
+def _saved_model_settings(run_dir: Path) -> dict:
+    return json.loads((run_dir / "config.json").read_text())["model"]
 
 
 def test_a_user_model_trains_with_its_own_loss_and_plans_on_tworoom(
@@ -39,8 +45,12 @@ def test_a_user_model_trains_with_its_own_loss_and_plans_on_tworoom(
 ):
     run_dir = tmp_path / "run"
     monkeypatch.chdir(Path(__file__).parent)  # a relative path, as a user types it
-    rows = _train(tiny_data, run_dir, "models/mlp_world_model.py:build")
-    assert "consistency" in rows[-1]  # its own loss's terms
+    rows, summary = _train(tiny_data, run_dir, "models/mlp_world_model.py:build")
+    assert "consistency" in rows[-1]  # its own loss's terms, in the summary too
+    assert summary["final_consistency"] == rows[-1]["consistency"]
+    assert summary["final_loss"] == rows[-1]["loss"] and "final_latent_rank" not in summary
+    # The run records the settings that apply to it: none of swm's model's or loss's.
+    assert _saved_model_settings(run_dir) == {"factory": f"{MODELS}:build", "kwargs": {}}
     # Saved with an absolute path: eval finds the model from anywhere.
     assert load_run_config(run_dir).model.factory == f"{MODELS}:build"
     monkeypatch.chdir(tmp_path)
@@ -50,8 +60,11 @@ def test_a_user_model_trains_with_its_own_loss_and_plans_on_tworoom(
 
 
 def test_a_frozen_encoder_model_trains_its_predictor_with_swms_loss(tiny_data, tmp_path):
-    rows = _train(tiny_data, tmp_path / "run", f"{MODELS}:build_frozen")
+    rows, summary = _train(tiny_data, tmp_path / "run", f"{MODELS}:build_frozen")
     assert "prediction" in rows[-1] and "regularizer" in rows[-1]  # swm's JEPA terms
+    assert summary["final_regularizer"] == rows[-1]["regularizer"]
+    saved = _saved_model_settings(tmp_path / "run")  # swm's loss settings apply, its model's not
+    assert "regularizer_weight" in saved and "latent_dim" not in saved
 
 
 def test_factories_get_their_keyword_arguments_and_the_shape_they_name():

@@ -151,11 +151,18 @@ def test_missing_and_corrupted_checkpoints_are_clear_errors(tiny_data, tmp_path)
         run_train(_cfg(tiny_data, run_dir, **{"train.steps": 4}), MemoryMonitor(), resume=True)
 
 
-def test_gradient_accumulation_and_bf16_run(tiny_data, tmp_path):
+def test_gradient_accumulation_with_bf16_and_checkpointing_runs_as_predicted(tiny_data, tmp_path):
     flags = {"train.steps": 3, "train.grad_accum": 2, "train.batch_size": 4, "runtime.bf16": True}
-    result = run_train(_cfg(tiny_data, tmp_path / "run", **flags), MemoryMonitor())
+    flags |= {"model.factory": f"{ROOT}/tests/models/conv_world_model.py:build"}
+    flags |= {"runtime.activation_checkpointing": "ConvStage"}  # GroupNorm, recomputed in bf16
+    monitor = MemoryMonitor(track_tensors=True)
+    result = run_train(_cfg(tiny_data, tmp_path / "run", **flags), monitor)
     assert result.fields["dtype"] == "bfloat16"
     assert np.isfinite(result.fields["final_loss"])
+    steady = next(p for p in monitor.report.phases if p.name == "steady state")
+    assert result.fields["preflight_step_bytes"] == pytest.approx(
+        steady.live_tensor_peak_bytes, rel=0.05
+    )
 
 
 def test_too_many_held_out_episodes_is_a_usage_error(tiny_data, tmp_path):
@@ -184,15 +191,20 @@ def test_learning_rate_warms_up_then_decays():
     assert all(a >= b for a, b in itertools.pairwise(rates[5:]))
 
 
-def test_compile_trains_and_saves_plain_weights(tiny_data, tmp_path):
+def test_compile_with_levers_trains_to_the_eager_losses_and_saves_plain_weights(
+    tiny_data, tmp_path
+):
     from torch._dynamo.utils import counters
 
     counters.clear()
     run_dir = tmp_path / "run"
+    levers = {"runtime.activation_checkpointing": "blocks", "runtime.optimizer_in_backward": True}
+    flags = {"train.steps": 3, "train.log_every": 1, "train.grad_clip": 0, **levers}
     monitor = MemoryMonitor(track_tensors=True)  # as the CLI makes it
-    result = run_train(
-        _cfg(tiny_data, run_dir, **{"train.steps": 3, "runtime.compile": True}), monitor
-    )
+    result = run_train(_cfg(tiny_data, run_dir, **flags, **{"runtime.compile": True}), monitor)
+    run_train(_cfg(tiny_data, tmp_path / "eager", **flags), MemoryMonitor())
+    compiled, eager = _metrics(run_dir), _metrics(tmp_path / "eager")
+    assert [row["loss"] for row in compiled] == pytest.approx([row["loss"] for row in eager], 1e-4)
     assert result.fields["compile"] is True
     # Tracking would have made compile a silent no-op: it is off, and graphs were compiled.
     first = next(p for p in monitor.report.phases if p.name.startswith("first step"))

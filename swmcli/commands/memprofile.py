@@ -2,9 +2,11 @@
 
 Prediction runs one training step (forward, backward, clip, AdamW step: twice, so optimizer
 state exists) and one eval step of the configured world model on fake tensors, and reports the
-peak of live tensor bytes by category (``swmcli.memory.trace.trace_step_peak``). Each technique is
-one row: fp32 vs bf16 autocast, train vs eval with gradients vs gradient-free eval, frameskip and
-history length, batch size; torch.compile cannot be traced on fake CPU tensors and is measured on
+peak of live tensor bytes by category (``swmcli.memory.trace.trace_step_peak``), as the step runs
+on CUDA (the default) or on the CPU (``memprofile.predict_for``). Each technique is one row: fp32
+vs bf16 autocast, train vs eval with gradients vs gradient-free eval, each lever; then the extra
+rows, other clip shapes (frameskip, history length, batch size), which a model that cannot take
+them skips with a note; torch.compile cannot be traced on fake CPU tensors and is measured on
 a GPU. On a GPU every row is also run for real after a warm-up step and its allocator peaks are
 printed next to the prediction. Always: the ReplayBuffer's host RAM for
 ``collect.max_steps``, the on-disk size of that many steps (scaled from a small real sample),
@@ -24,7 +26,7 @@ from swmcli.config import SwmConfig
 from swmcli.data.buffer import ReplayBuffer, step_bytes
 from swmcli.data.formats import open_reader, open_writer
 from swmcli.envs.recording import sample_episodes
-from swmcli.errors import SwmError, UsageError
+from swmcli.errors import SwmError, UsageError, first_line
 from swmcli.host import available_host_bytes
 from swmcli.memory.fitting import (
     Combination,
@@ -36,7 +38,7 @@ from swmcli.memory.fitting import (
     plan_sentence,
     without_levers,
 )
-from swmcli.memory.levers import make_optimizer
+from swmcli.memory.levers import check_lever_combination, make_optimizer
 from swmcli.memory.predict import (
     PeakPredictor,
     Variant,
@@ -46,6 +48,7 @@ from swmcli.memory.predict import (
     ddp_bucket_bytes,
     eval_step,
     largest_fitting,
+    traced_grad_clip,
     traced_micro_batches,
     train_step,
 )
@@ -61,6 +64,7 @@ from swmcli.models.interface import Objective
 from swmcli.report import CommandResult, Table
 from swmcli.units import format_bytes, format_gb
 
+DEVICE_WORDS = {"cuda": "CUDA", "cpu": "the CPU"}
 SNAPSHOT_ENTRIES = 100_000  # allocator events kept for --snapshot (a ring; oldest dropped)
 CATEGORY_LABELS = {
     "parameters": "params",
@@ -85,6 +89,7 @@ class Row:
     measured_allocated_bytes: int | None = None
     measured_reserved_bytes: int | None = None
     out_of_memory: bool = False
+    extra: bool = False  # another clip shape than the config's: skipped if the model cannot take it
 
 
 # --- host RAM and disk -----------------------------------------------------------------------
@@ -177,7 +182,7 @@ def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
     if variant.kind == "train":
         model.train()
         optimizer = make_optimizer(model, predictor.cfg.train, variant.in_backward)
-        grad_clip = predictor.cfg.train.grad_clip
+        grad_clip = traced_grad_clip(predictor.cfg, variant)
         micro_batches = traced_micro_batches(predictor.cfg, variant)
         objective = Objective(model, predictor.cfg.model)
         return lambda: train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
@@ -205,24 +210,51 @@ def technique_rows(cfg: SwmConfig, levers: list[Lever]) -> list[Row]:
         rows.append(Row(lever.name, replace(base, **dict(lever.settings))))
     if frameskip > 1:
         same_span = replace(configured, history_len=history * frameskip, frameskip=1)
-        rows.append(Row(f"frameskip 1, same span ({history * frameskip} frames)", same_span))
+        span = f"frameskip 1, same span ({history * frameskip} frames)"
+        rows.append(Row(span, same_span, extra=True))
     # Half the history when that still leaves a target to predict, else double it.
     other_history = history // 2 if history >= 4 else 2 * history
-    rows.append(Row(f"history {other_history}", replace(configured, history_len=other_history)))
+    shorter = replace(configured, history_len=other_history)
+    rows.append(Row(f"history {other_history}", shorter, extra=True))
     if base.batch_size > 1:
         half = replace(configured, batch_size=base.batch_size // 2)
-        rows.append(Row(f"batch {half.batch_size}", half))
+        rows.append(Row(f"batch {half.batch_size}", half, extra=True))
     return rows
+
+
+def predict_rows(rows: list[Row], predictor: PeakPredictor) -> tuple[list[Row], list[str]]:
+    """Predict every row but compile's; an extra row the model cannot take (a clip longer than
+    it holds, a batch it refuses) is left out with a one-line note naming why. Returns the rows
+    kept and the notes."""
+    kept, notes = [], []
+    for row in rows:
+        try:
+            if not row.variant.compile:
+                row.predicted = predictor.predict(row.variant)
+        except Exception as err:
+            if not row.extra:
+                raise
+            notes.append(
+                f"row {row.technique!r} skipped: the model cannot take "
+                f"{row.variant.describe()} ({type(err).__name__}: {first_line(err)})"
+            )
+            continue
+        kept.append(row)
+    return kept, notes
 
 
 def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> CommandResult:
     """Predict (and on CUDA measure) peak memory per technique; buffer RAM, disk and budgets."""
     import torch
 
-    on_cuda = torch.cuda.is_available()
+    check_lever_combination(cfg)
+    device = cfg.memprofile.predict_for
+    on_cuda = torch.cuda.is_available() and device == "cuda"  # measure what is predicted
     if snapshot is not None and not on_cuda:
         raise UsageError(
-            "--snapshot records CUDA allocator history and this machine has no CUDA device",
+            "--snapshot records CUDA allocator history and this machine has no CUDA device"
+            if device == "cuda"
+            else "--snapshot records CUDA allocator history: it goes with --predict-for cuda",
             hint="run it on a GPU machine, or drop --snapshot",
         )
     with monitor.phase("sample"):
@@ -237,21 +269,18 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
     sample_steps = sum(len(episode["pixels"]) for episode in episodes)
     del episodes
 
-    predictor = PeakPredictor(cfg, step)
+    predictor = PeakPredictor(cfg, step, device)
     levers = applicable_levers(cfg, predictor)
-    rows = technique_rows(cfg, levers)
     with monitor.phase("predict"):
-        for row in rows:
-            if not row.variant.compile:
-                row.predicted = predictor.predict(row.variant)
+        rows, skipped = predict_rows(technique_rows(cfg, levers), predictor)
         budget_fit = _fit_budget(cfg, predictor, rows)
         options = combinations(predictor, _configured(cfg), levers) if cfg.memprofile.budget else []
     if on_cuda and cfg.runtime.nproc == 1:
         measure_rows(rows, predictor, monitor, snapshot)
 
     fields = _fields(cfg, predictor, step, disk, sample_steps, budget_fit)
-    tables = [_technique_table(rows, on_cuda), _category_table(rows)]
-    notes = _notes(on_cuda, fields, snapshot)
+    tables = [_technique_table(rows, on_cuda, device), _category_table(rows)]
+    notes = [*skipped, *_notes(on_cuda, fields, snapshot)]
     if options:
         budget = cfg.memprofile.budget
         fields["plan"] = plan_sentence(options, budget, cfg.env.resolution)
@@ -359,6 +388,7 @@ def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, A
         "history_len": cfg.data.history_len,
         "frameskip": cfg.data.frameskip,
         "precision": "bf16 autocast" if cfg.runtime.bf16 else "fp32",
+        "predicted_for": predictor.device,
         "predicted_train_peak_bytes": peak,
         "ddp_bucket_bytes": ddp_bucket_bytes(model) if cfg.runtime.nproc > 1 else 0,
         "predicted_eval_peak_bytes": predictor.predict(_configured(cfg, "eval")).peak_bytes,
@@ -385,7 +415,7 @@ def _fields(cfg, predictor, step, disk, sample_steps, budget_fit) -> dict[str, A
     return fields
 
 
-def _technique_table(rows: list[Row], on_cuda: bool) -> Table:
+def _technique_table(rows: list[Row], on_cuda: bool, device: str) -> Table:
     # Byte columns hold integers: the panel shows them with units, --json keeps the bytes.
     columns = ["technique", "settings", "predicted_peak_bytes", "vs fp32 train"]
     if on_cuda:
@@ -394,7 +424,10 @@ def _technique_table(rows: list[Row], on_cuda: bool) -> Table:
         [row.technique, row.variant.describe(), *_row_cells(row, rows[0], on_cuda)] for row in rows
     ]
     return Table(
-        "peak memory per technique (one step; B batch, H history, F frameskip)", columns, cells
+        f"peak memory per technique, predicted for {DEVICE_WORDS[device]} (one step; B batch, "
+        "H history, F frameskip)",
+        columns,
+        cells,
     )
 
 
@@ -419,6 +452,24 @@ def _row_cells(row: Row, baseline: Row, on_cuda: bool) -> list:
     return [*cells, allocated, row.measured_reserved_bytes, ratio]
 
 
+def _semantics_notes(device: str) -> list[str]:
+    """What the prediction follows, for ``device``'s table."""
+    if device == "cpu":
+        return [
+            "Predicted for the CPU on fake tensors (FakeTensorMode; bf16 rows: CPU autocast, which "
+            "keeps norms and losses in bf16), exact bytes: what `swm train` on a CPU holds. "
+            "--predict-for cuda (the default) predicts a GPU's step."
+        ]
+    return [
+        "Predicted for CUDA on fake CPU tensors (FakeTensorMode; bf16 rows: CPU autocast plus the "
+        "float32 casts CUDA autocast makes), sizes rounded to the CUDA allocator's 512-byte "
+        "blocks; --predict-for cpu predicts a CPU's step. Not included: the CUDA context, "
+        "cuBLAS/cuDNN workspaces and allocator fragmentation; budgets add an allowance for them "
+        f"of {format_bytes(CUDA_CONTEXT_BYTES + CUDA_WORKSPACE_BYTES)} + "
+        f"{ALLOCATOR_OVERHEAD:.0%} of the peak."
+    ]
+
+
 def _category_table(rows: list[Row]) -> Table:
     columns = ["technique", *(CATEGORY_LABELS[c] for c in CATEGORIES)]
     cells = [
@@ -433,12 +484,7 @@ def _notes(on_cuda: bool, fields: dict[str, Any], snapshot: Path | None) -> list
     sample_steps, max_steps = fields["disk_sample_steps"], fields["max_steps"]
     buffer_bytes = fields["buffer_ram_bytes"]
     notes = [
-        "Predicted on fake CPU tensors (FakeTensorMode; bf16 rows: CPU autocast plus the float32 "
-        "casts CUDA autocast makes), sizes rounded to the CUDA allocator's 512-byte blocks. "
-        "Not included: the CUDA context, cuBLAS/cuDNN workspaces and allocator fragmentation; "
-        "budgets add an allowance for them of "
-        f"{format_bytes(CUDA_CONTEXT_BYTES + CUDA_WORKSPACE_BYTES)} + "
-        f"{ALLOCATOR_OVERHEAD:.0%} of the peak.",
+        *_semantics_notes(fields["predicted_for"]),
         "Training rows: two AdamW steps (the second with optimizer state); eval rows: one "
         "forward of encode + predict on the same batch.",
         f"On-disk sizes scale a real sample of {sample_steps} steps written in each format.",

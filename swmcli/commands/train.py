@@ -6,15 +6,13 @@ resuming), then loops over the steps: ``grad_accum`` micro-batches through
 ``training.step.optimizer_step`` (the very step ``swm memprofile`` traces), a log line, a
 checkpoint every ``checkpoint_every`` steps; ``_result`` reports.
 
-The loop reads its clips through ``training.sources.TrainingData`` only: a dataset's training
-episodes streamed from disk or loaded into a ReplayBuffer when they fit the RAM budget
-(``StoredData``), or episodes a policy collects into a capped ring while the model trains
-(``training.online.OnlineData``).
+The loop reads its clips through ``training.sources.TrainingData`` only: a dataset's episodes
+streamed from disk or loaded into a ReplayBuffer when they fit the RAM budget (``StoredData``),
+or a policy's episodes in a capped ring while the model trains (``training.online.OnlineData``).
 
-Reproducible: the clip order of every step is a function of (seed, step) (``ClipOrder``), the
-model init and SIGReg's random directions come from torch's seeded generator, and checkpoints
-carry that generator's state, so ``--resume`` continues with exactly the losses an uninterrupted
-run would have had, streamed or in memory (the two read the same clips).
+Reproducible: the clip order of every step is a function of (seed, step) (``ClipOrder``), init
+and SIGReg's directions come from torch's seeded generator, which checkpoints carry: ``--resume``
+continues with the losses an uninterrupted run has, streamed or in memory.
 
 Data-parallel under torchrun (``training.distributed``): every rank runs this loop on its share
 of each global batch, DDP averages the gradients, batch statistics see the global batch, rank 0
@@ -58,6 +56,7 @@ from swmcli.units import format_bytes
 # Steady steps counted by the live-tensor tracker (CPU): the first sees the weights and AdamW state
 # only as it touches them, the second counts them from its start; later steps are alike, untracked.
 TRACKED_STEADY_STEPS = 2
+NOT_LOSS = ("grad_norm", "lr", "clips_per_s")  # logged figures that are not the model's loss terms
 
 
 def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: bool = False):
@@ -73,6 +72,7 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
     """
     keep_freed_memory()  # each step's activations reused, not faulted in again (as `swm` does)
     world = distributed.world_from_env()
+    levers.check_lever_combination(cfg, ranks=max(world.size, cfg.runtime.nproc))  # before any work
     if world.size == 1 and cfg.runtime.nproc > 1:
         return _launch(cfg, resume, as_json)
     if not world.is_main:
@@ -162,6 +162,7 @@ class _Run:
     net: Any  # what a step runs: the model's objective, or its data-parallel wrapper
     optimizer: Any
     args: dict[str, int]  # ``model_args``: the clip shape the model is built for
+    predicted_bytes: int  # the preflight's prediction of a training step's peak
     start: int  # the first step to train (0, or the checkpoint's step)
     batches: Iterator[dict]  # the host batches of steps ``start ..``, in order
     fingerprint: dict | None  # what the stored data looks like (``data_fingerprint``)
@@ -179,7 +180,7 @@ class _Run:
                 optimizer=optimizer_state,
                 step=step,
                 model_args=self.args,
-                config_text=config.config_text(self.cfg),
+                config_text=config.config_text(self.cfg, own_loss=hasattr(self.model, "loss")),
                 data_fingerprint=self.fingerprint,
             )
 
@@ -248,8 +249,8 @@ def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
         if world.is_main and (damaged := trim_metrics(run_dir / METRICS_FILE, start)):
             warn(f"{run_dir / METRICS_FILE}: {damaged} damaged line(s) dropped")
     model.train()
-    return _Run(cfg, run_dir, world, runner, data, model, net, optimizer, args, start, batches,
-                fingerprint)  # fmt: skip
+    return _Run(cfg, run_dir, world, runner, data, model, net, optimizer, args, needed, start,
+                batches, fingerprint)  # fmt: skip
 
 
 def _stopped(step: int, run_dir: Path, world) -> None:
@@ -281,15 +282,14 @@ def _result(run: _Run, monitor, last: dict, steady, steady_seconds: float, resum
             "resumed_from_step": run.start if resume else None,
             **run.data.fields(),
             "model_bytes": model_bytes(model, run.optimizer),
+            "preflight_step_bytes": run.predicted_bytes,  # the steady state's peak, predicted
             "parameters": sum(p.numel() for p in model.parameters()),
             "device": str(runner.device),
             "dtype": str(runner.dtype).removeprefix("torch."),
             "compile": runner.compile,
             "ranks": world.size,
             "clips_per_rank": cfg.train.batch_size // world.size,
-            "final_loss": last.get("loss"),
-            "final_prediction_loss": last.get("prediction"),
-            "final_latent_rank": last.get("latent_rank"),
+            **{f"final_{key}": value for key, value in last.items() if key not in NOT_LOSS},
             "steady_clips_per_s": steady,
             "steady_seconds": steady_seconds,
             "checkpoint": str(checkpoints.checkpoint_path(run_dir)),

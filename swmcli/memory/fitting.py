@@ -1,13 +1,13 @@
 """Which memory levers to switch on: every combination predicted, the cheapest one that fits.
 
-Each lever has a price (``Lever.cost``, lowest first): bf16 autocast costs precision (and is
-usually faster on a GPU); the optimizer step in backward costs gradient clipping and
-accumulation; fully sharding costs communication and needs the ranks; activation checkpointing
-costs about a third more compute. ``combinations`` predicts the training step with every subset
-of the levers that apply to a config and model; ``cheapest_fitting`` picks the subset of lowest
-total price (then lowest need) whose need (predicted peak plus the CUDA allowance) is within the
-budget; ``plan_sentence`` says it in one line; ``draw_combinations`` draws the same as stacked
-bars by category with the budget line.
+Each lever has a price (``Lever.cost``, lowest first): bf16 autocast costs precision (and is usually
+faster on a GPU); the optimizer step in backward costs gradient clipping (its words say so when
+clipping is on) and accumulation; fully sharding costs communication and needs the ranks; activation
+checkpointing costs about a third more compute. ``combinations`` predicts the training step with
+every subset of the levers that apply to a config and model; ``cheapest_fitting`` picks the subset
+of lowest total price (then lowest need) whose need (predicted peak plus the CUDA allowance) is
+within the budget; ``plan_sentence`` says it in one line; ``draw_combinations`` draws the same as
+stacked bars by category with the budget line.
 """
 
 import itertools
@@ -54,7 +54,9 @@ def applicable_levers(cfg: SwmConfig, predictor: PeakPredictor) -> list[Lever]:
     else the model's blocks when it has some."""
     levers = [Lever("bf16", 1, (("bf16", True),))]
     if cfg.train.grad_accum == 1 and cfg.runtime.nproc == 1:
-        levers.append(Lever("optimizer in backward", 2, (("in_backward", True),)))
+        # It cannot clip: with clipping on, taking it means --grad-clip 0 too.
+        words = "optimizer in backward" + (" (no clipping)" if cfg.train.grad_clip else "")
+        levers.append(Lever(words, 2, (("in_backward", True),)))
     if cfg.runtime.nproc > 1:
         levers.append(Lever(f"shard over {cfg.runtime.nproc} ranks", 3, (("shard", True),)))
     choice = cfg.runtime.activation_checkpointing

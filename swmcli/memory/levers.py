@@ -9,9 +9,12 @@
   (``TransformerEncoderLayer,Conv2d``). Weights are saved without the wrapper's prefix.
 - **Optimizer step in backward** (``runtime.optimizer_in_backward``): each parameter is updated by
   its own AdamW as soon as its gradient is complete (``register_post_accumulate_grad_hook``) and
-  its gradient is freed at once, so the step never holds every gradient. Same updates; costs
-  gradient clipping (there is no global norm before the update) and gradient accumulation, and
-  runs in one process (data-parallel averaging happens after the hooks).
+  its gradient is freed at once, so the step never holds every gradient. Same updates as an
+  unclipped step; costs gradient clipping (the global norm is known only once every parameter
+  is updated: a run asking for both is refused, ``train.grad_clip=0`` switches clipping off)
+  and gradient accumulation, and runs in one process (data-parallel averaging happens after the
+  hooks). The gradient norm it reports is the true one: each gradient's norm is taken before it
+  is freed.
 - **Fully sharded data parallel** (``runtime.shard``, under torchrun): PyTorch's own FSDP2
   ``fully_shard`` on each block, then on the whole model; every rank keeps ``1/ranks`` of the
   parameters, gradients and AdamW state and all-gathers one block's weights at a time. Same
@@ -85,20 +88,29 @@ class InBackwardOptimizer:
 
     Looks like the optimizer training drives: ``param_groups`` (the learning-rate schedule sets
     each), ``state`` (memory accounting), ``state_dict``/``load_state_dict`` (checkpoints);
-    ``zero_grad`` and ``step`` have nothing left to do.
+    ``zero_grad`` starts a new step and ``step`` has nothing left to do. ``grad_norm`` is the
+    step's global gradient norm, from each gradient's norm taken before it was freed.
     """
 
     def __init__(self, model: nn.Module, make_one):
         self.optimizers: dict[nn.Parameter, torch.optim.Optimizer] = {}
         self._hooks = []
+        self._norms: list[torch.Tensor] = []
         for parameter in model.parameters():
             if parameter.requires_grad:
                 self.optimizers[parameter] = make_one([parameter])
                 self._hooks.append(parameter.register_post_accumulate_grad_hook(self._step))
 
     def _step(self, parameter: nn.Parameter) -> None:
+        self._norms.append(torch.linalg.vector_norm(parameter.grad.detach()))
         self.optimizers[parameter].step()
         parameter.grad = None  # the point: no gradient outlives its update
+
+    def grad_norm(self) -> torch.Tensor:
+        """The 2-norm of every gradient of this step together (as ``clip_grad_norm_`` takes it)."""
+        if not self._norms:
+            return torch.zeros(())
+        return torch.linalg.vector_norm(torch.stack(self._norms))
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -109,7 +121,8 @@ class InBackwardOptimizer:
         return {p: s for opt in self.optimizers.values() for p, s in opt.state.items()}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Nothing to free: each gradient went with its update."""
+        """A new step: no gradient to free (each went with its update), the norms to forget."""
+        self._norms.clear()
 
     def step(self) -> None:
         """Nothing to do: every parameter was updated in backward."""
@@ -148,21 +161,31 @@ def apply_levers(model: nn.Module, runtime_cfg) -> nn.Module:
     return model
 
 
-def check_lever_combination(cfg) -> None:
-    """Refuse, before any work, levers that cannot go together with the other settings."""
-    if cfg.runtime.shard and cfg.runtime.nproc == 1:
+def check_lever_combination(cfg, ranks: int | None = None) -> None:
+    """Refuse, before any work, levers that cannot go together with the other settings;
+    ``ranks``: the data-parallel processes (torchrun's, else ``runtime.nproc``)."""
+    ranks = ranks or cfg.runtime.nproc
+    if cfg.runtime.shard and ranks == 1:
         raise UsageError(
             "--shard splits the model over data-parallel ranks and this run has one",
             hint="add --nproc 2 (or run under torchrun --nproc-per-node N), or drop --shard",
         )
     if cfg.runtime.optimizer_in_backward:
+        if cfg.train.grad_clip > 0:
+            raise UsageError(
+                "--optimizer-in-backward updates each parameter as its gradient is complete, "
+                "before the global gradient norm exists: it cannot clip it "
+                f"(train.grad_clip is {cfg.train.grad_clip:g})",
+                hint="switch clipping off with --grad-clip 0 (--set train.grad_clip=0), or drop "
+                "--optimizer-in-backward",
+            )
         if cfg.train.grad_accum > 1:
             raise UsageError(
                 "--optimizer-in-backward updates each parameter as its gradient is complete: "
                 "there is no accumulated gradient to step on",
                 hint="drop --optimizer-in-backward or set train.grad_accum=1",
             )
-        if cfg.runtime.nproc > 1:
+        if ranks > 1:
             raise UsageError(
                 "--optimizer-in-backward updates before data-parallel ranks average the gradients",
                 hint="drop --optimizer-in-backward, or use --shard across ranks",

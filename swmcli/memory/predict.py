@@ -2,7 +2,9 @@
 
 A ``Variant`` is the settings of one step (train or eval, fp32 or bf16, batch, history,
 frameskip). ``PeakPredictor`` builds the configured world model once per clip shape and traces
-each variant's step with ``swmcli.memory.trace.trace_step_peak`` (cached). The training step is
+each variant's step with ``swmcli.memory.trace.trace_step_peak`` (cached), for the device the step
+will run on: ``"cuda"`` (what CUDA bf16 autocast keeps in float32, storages rounded to the
+allocator's 512-byte blocks) or ``"cpu"`` (CPU autocast as it is, exact bytes). The training step is
 ``swm train``'s own ``optimizer_step``; the eval step is encode + predict, with or without
 gradients. ``largest_fitting`` finds the largest batch whose prediction fits a budget in a few
 predictions. ``swm memprofile`` turns these into its technique table.
@@ -22,9 +24,11 @@ from swmcli.errors import BudgetExceeded
 from swmcli.host import available_host_bytes
 from swmcli.memory.levers import blocks, checkpoint_activations, make_optimizer
 from swmcli.memory.trace import (
+    CUDA_BLOCK_BYTES,
     StepPeak,
     cuda_allowance_bytes,
     cuda_autocast_on_cpu,
+    recompute_with_cuda_casts,
     trace_step_peak,
 )
 from swmcli.models.global_batch import simulated_ranks
@@ -33,6 +37,7 @@ from swmcli.models.runner import Runner
 from swmcli.training.step import TRAIN_KEYS, optimizer_step
 from swmcli.units import format_bytes
 
+DEVICES = ("cuda", "cpu")  # whose semantics a prediction follows
 MAX_BUDGET_PREDICTIONS = 32  # the budget search's cap; near-linear memory needs 2 or 3
 LINE_GUESSES = 3  # then bisection
 
@@ -87,6 +92,12 @@ def configured_variant(cfg: SwmConfig, batch_size: int) -> Variant:
         in_backward=runtime.optimizer_in_backward,
         shard=runtime.shard and runtime.nproc > 1,
     )
+
+
+def traced_grad_clip(cfg: SwmConfig, variant: Variant) -> float:
+    """The clipping a traced step runs: the config's, none where the optimizer steps in backward
+    (training refuses clipping there: ``levers.check_lever_combination``)."""
+    return 0.0 if variant.in_backward else cfg.train.grad_clip
 
 
 def traced_micro_batches(cfg: SwmConfig, variant: Variant) -> int:
@@ -154,23 +165,36 @@ def cuda_runner(variant: Variant):
 
 @dataclass
 class TraceRunner:
-    """The Runner's autocast and inference contexts, for tracing a CUDA step on CPU tensors.
+    """The Runner's autocast and inference contexts, for tracing a step on CPU tensors as it runs
+    on ``device``.
 
-    bf16 is CPU autocast plus the float32 casts CUDA autocast adds (``cuda_autocast_on_cpu``), so
-    the trace keeps the dtypes a GPU keeps; inference is the Runner's (eval mode,
+    bf16 is CPU autocast; for ``"cuda"`` plus the float32 casts CUDA autocast adds
+    (``cuda_autocast_on_cpu``), so the trace keeps the dtypes a GPU keeps, and so do the
+    recomputations of checkpointed modules (``prepare``). Inference is the Runner's (eval mode,
     ``requires_grad_(False)``, ``inference_mode``).
     """
 
     bf16: bool
+    device: str = "cuda"
+
+    @property
+    def cuda_casts(self) -> bool:
+        return self.bf16 and self.device == "cuda"
+
+    def prepare(self, model) -> None:
+        """The traced copy of the model: its checkpointed modules recompute as its forward ran."""
+        if self.cuda_casts:
+            recompute_with_cuda_casts(model)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 autocast as CUDA does it, or nothing in fp32."""
+        """bf16 autocast as ``device`` runs it, or nothing in fp32."""
         import torch
-
 
         if not self.bf16:
             return contextlib.nullcontext()
-        return cuda_autocast_on_cpu(torch.bfloat16)
+        if self.cuda_casts:
+            return cuda_autocast_on_cpu(torch.bfloat16)
+        return torch.autocast("cpu", dtype=torch.bfloat16)
 
     @contextlib.contextmanager
     def inference(self, model) -> Iterator[Any]:
@@ -184,11 +208,16 @@ class TraceRunner:
 
 
 class PeakPredictor:
-    """Predicts each variant's peak once (cached) from a fake-tensor trace of its step."""
+    """Predicts each variant's peak once (cached) from a fake-tensor trace of its step, as the
+    step runs on ``device`` (``"cuda"`` or ``"cpu"``)."""
 
-    def __init__(self, cfg: SwmConfig, step: dict[str, np.ndarray]):
+    def __init__(self, cfg: SwmConfig, step: dict[str, np.ndarray], device: str = "cuda"):
+        if device not in DEVICES:
+            raise ValueError(f"predictions are for one of {DEVICES}, not {device!r}")
         self.cfg = cfg
         self.step = step
+        self.device = device
+        self.round_bytes = CUDA_BLOCK_BYTES if device == "cuda" else 1
         self.action_dim = int(np.asarray(step["action"]).size)
         self._models: dict[tuple[int, int], Any] = {}
         self._peaks: dict[Variant, StepPeak] = {}
@@ -225,7 +254,8 @@ class PeakPredictor:
             model = self.model(variant.history_len, variant.frameskip, variant.checkpointing)
             data_parallel = variant.kind == "train" and variant.ranks > 1
             with simulated_ranks(variant.ranks if data_parallel else 1):
-                peak = trace_step_peak(model, self.step_maker(variant))
+                make = self.step_maker(variant)
+                peak = trace_step_peak(model, make, round_bytes=self.round_bytes)
             if data_parallel:
                 add = _with_shards if variant.shard else _with_ddp_buckets
                 peak = add(peak, model, variant.ranks)
@@ -243,8 +273,9 @@ class PeakPredictor:
             batch = clip_batch(self.step, variant)
             objective = Objective(model, self.cfg.model)
             optimizer = make_optimizer(model, self.cfg.train, variant.in_backward)
-            runner = TraceRunner(variant.bf16)
-            grad_clip = self.cfg.train.grad_clip
+            runner = TraceRunner(variant.bf16, self.device)
+            runner.prepare(model)
+            grad_clip = traced_grad_clip(self.cfg, variant)
             micro_batches = traced_micro_batches(self.cfg, variant)
 
             def run() -> None:
@@ -258,7 +289,8 @@ class PeakPredictor:
     def _eval_maker(self, variant: Variant) -> Callable:
         def make(model):
             batch = clip_batch(self.step, variant)
-            runner = TraceRunner(variant.bf16)
+            runner = TraceRunner(variant.bf16, self.device)
+            runner.prepare(model)
             return batch, lambda: eval_step(model, batch, runner, variant.grad_free)
 
         return make
@@ -341,10 +373,11 @@ def _line_guess(known: dict[int, int], budget: int, low: int, high: int | None) 
 def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device) -> int:
     """Refuse, before anything is allocated, a training step the device cannot hold.
 
-    Predicts the configured step's peak (plus the CUDA allowance on a GPU) and compares it with
-    the device's free memory (the host's available RAM on a CPU, shared by the data-parallel
-    ranks). Returns the bytes predicted (per rank); raises ``BudgetExceeded`` naming the largest
-    (global) batch size that fits.
+    Predicts the configured step's peak as it runs on ``device`` (CUDA's autocast and allocator
+    blocks on a GPU, plus the CUDA allowance; CPU autocast and exact bytes elsewhere) and compares
+    it with the device's free memory (the host's available RAM on a CPU, shared by the
+    data-parallel ranks). Returns the bytes predicted (per rank); raises ``BudgetExceeded``
+    naming the largest (global) batch size that fits.
     """
     import torch
 
@@ -354,8 +387,8 @@ def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device
         "pixels": np.zeros((resolution, resolution, 3), np.uint8),
         "action": np.zeros(action_dim, np.float32),
     }
-    predictor = PeakPredictor(probe, step)
     on_cuda = torch.device(device).type == "cuda"
+    predictor = PeakPredictor(probe, step, "cuda" if on_cuda else "cpu")
     ranks = cfg.runtime.nproc
     host_share = available_host_bytes() // ranks  # data-parallel ranks share the host's RAM
     available = torch.cuda.mem_get_info(device)[0] if on_cuda else host_share

@@ -2,8 +2,9 @@
 
 ``trace_step_peak`` runs a step on fake tensors under ``CategorisedLiveBytes`` and gives the peak
 of live tensor bytes by category (parameters, gradients, optimizer state, inputs, activations,
-temporaries); ``cuda_autocast_on_cpu`` makes a CPU trace keep the dtypes CUDA bf16 autocast keeps,
-and ``cuda_allowance_bytes`` adds what is not a tensor. Measuring is ``measure.py``.
+temporaries); ``cuda_autocast_on_cpu`` makes a CPU trace keep the dtypes CUDA bf16 autocast keeps
+(a trace for the CPU leaves CPU autocast as it is), and ``cuda_allowance_bytes`` adds what is not a
+tensor. Measuring is ``measure.py``.
 """
 
 import contextlib
@@ -255,30 +256,67 @@ CUDA_FP32_FUNCTIONS = frozenset(
 
 
 @contextmanager
-def cuda_autocast_on_cpu(dtype) -> Iterator[None]:
-    """CPU autocast to ``dtype`` plus the float32 casts CUDA autocast makes and CPU's does not.
+def cuda_fp32_casts() -> Iterator[None]:
+    """While CPU autocast runs in bf16 or fp16: the float32 casts CUDA autocast makes and CPU's
+    does not.
 
     Lets a trace on CPU tensors keep what a CUDA bf16 step keeps: e.g. GroupNorm and LayerNorm
     take float32 copies of their bf16 inputs and return float32, which the next layer saves.
     The casts are made where those functions are called from Python (a torch function mode), so
     they are recorded by autograd as CUDA's are; calls nested inside other torch functions are
-    not seen (none of the world model's memory hinges on one).
+    not seen (none of the world model's memory hinges on one). It casts only while CPU autocast
+    lowers (as CUDA's casts happen only under autocast): ``recompute_with_cuda_casts`` enters it
+    for the recomputation of checkpointed modules, which torch runs under its forward's autocast
+    but outside the function modes the forward ran under.
     """
     import torch
     from torch.overrides import TorchFunctionMode
 
+    lowered = (torch.bfloat16, torch.float16)
+
     def up(value):
-        if isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16):
+        if isinstance(value, torch.Tensor) and value.dtype in lowered:
             return value.float()
         return value
 
     class _Fp32Casts(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if getattr(func, "__name__", None) in CUDA_FP32_FUNCTIONS:
+            if (
+                getattr(func, "__name__", None) in CUDA_FP32_FUNCTIONS
+                and torch.is_autocast_enabled("cpu")
+                and torch.get_autocast_dtype("cpu") in lowered
+            ):
                 args = tuple(up(a) for a in args)
                 kwargs = {k: up(v) for k, v in kwargs.items()}
             return func(*args, **kwargs)
 
-    with torch.autocast("cpu", dtype=dtype), _Fp32Casts():
+    with _Fp32Casts():
+        yield
+
+
+def recompute_with_cuda_casts(module) -> None:
+    """Make the checkpointed modules of ``module`` (``levers.checkpoint_activations``) recompute
+    under ``cuda_fp32_casts`` too: torch recomputes under its forward's autocast but not under the
+    function modes around it, so a checkpointed GroupNorm would recompute in bf16 what its
+    forward saved in float32 (torch's CheckpointError). For traced copies only."""
+    from functools import partial
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    for wrapper in module.modules():
+        if isinstance(wrapper, CheckpointWrapper):
+            wrapper.checkpoint_fn = partial(wrapper.checkpoint_fn, context_fn=_recompute_casts)
+
+
+def _recompute_casts():
+    return contextlib.nullcontext(), cuda_fp32_casts()
+
+
+@contextmanager
+def cuda_autocast_on_cpu(dtype) -> Iterator[None]:
+    """CPU autocast to ``dtype`` with CUDA autocast's float32 casts (``cuda_fp32_casts``)."""
+    import torch
+
+    with cuda_fp32_casts(), torch.autocast("cpu", dtype=dtype):
         yield

@@ -76,9 +76,10 @@ def optimizer_step(
     objective, optimizer, device_batches, runner, grad_clip: float, micro_batches: int
 ):
     """One optimizer step: free the gradients, forward under autocast and backward for each of
-    the ``micro_batches`` device batches, clip, step. ``objective`` is the model's
-    ``protocol.Objective`` (or its data-parallel wrapper). Returns the detached loss terms of
-    each micro-batch and the gradient norm, without reading them back (memprofile runs this very
+    the ``micro_batches`` device batches, clip (``grad_clip`` > 0), step. ``objective`` is the
+    model's ``protocol.Objective`` (or its data-parallel wrapper). Returns the detached loss
+    terms of each micro-batch and the global gradient norm before clipping (an optimizer that
+    steps in backward took it as it went), without reading them back (memprofile runs this very
     function on fake tensors, which have no values). Data-parallel ranks all-reduce only the last
     micro-batch's gradients (``gradient_sync``)."""
     optimizer.zero_grad(set_to_none=True)
@@ -89,11 +90,24 @@ def optimizer_step(
                 terms = objective(batch)
             (terms["loss"] / micro_batches).backward()
         parts.append({key: torch.as_tensor(value).detach() for key, value in terms.items()})
-    grad_norm = torch.nn.utils.clip_grad_norm_(objective.parameters(), grad_clip)
-    if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm is a DTensor
-        grad_norm = grad_norm.full_tensor()
+    if hasattr(optimizer, "grad_norm"):  # it stepped in backward, taking each gradient's norm
+        grad_norm = optimizer.grad_norm()
+    else:
+        grad_norm = clipped_norm(list(objective.parameters()), grad_clip)
     optimizer.step()
     return parts, grad_norm
+
+
+def clipped_norm(parameters: list, grad_clip: float):
+    """The global 2-norm of the gradients of ``parameters``, which are scaled down to
+    ``grad_clip`` when it is above it (``grad_clip`` 0: not clipped)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    grad_norm = torch.nn.utils.get_total_norm(grads)
+    if grad_clip > 0:
+        torch.nn.utils.clip_grads_with_norm_(parameters, grad_clip, grad_norm)
+    if hasattr(grad_norm, "full_tensor"):  # sharded parameters: the norm is a DTensor
+        grad_norm = grad_norm.full_tensor()
+    return grad_norm
 
 
 def logged_figures(parts: list[dict], grad_norm, optimizer, world) -> dict[str, float]:
