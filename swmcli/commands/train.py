@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, closing
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from swmcli.memory import levers
 from swmcli.memory.measure import rank_peaks
 from swmcli.memory.predict import check_training_fits
 from swmcli.models.interface import Objective, model_args
+from swmcli.models.outputs import check_finite, faults_named
 from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
 from swmcli.report import CommandResult, format_seconds, info, progress, silence, warn
 from swmcli.training import checkpoints, distributed
@@ -105,10 +107,14 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
                     group["lr"] = learning_rate(step, last_step, cfg.train.lr)
                 # A generator: each micro-batch moves to the device only when its turn comes.
                 on_device = (run.runner.to_device(batch) for batch in micro)
-                parts, grad_norm = optimizer_step(
-                    run.net, run.optimizer, on_device, run.runner, cfg.train.grad_clip, len(micro)
-                )
-                last = logged_figures(parts, grad_norm, run.optimizer, world)
+                again = partial(run.runner.to_device, micro[0])  # for a diagnosis, if it fails
+                with faults_named(run.model, run.optimizer, again, first=step == run.start):
+                    parts, grad_norm = optimizer_step(
+                        run.net, run.optimizer, on_device, run.runner, cfg.train.grad_clip,
+                        len(micro),
+                    )  # fmt: skip
+                    last = logged_figures(parts, grad_norm, run.optimizer, world)
+                check_finite(last["loss"], step + 1, run.model, again)
                 if step - run.start >= TRACKED_STEADY_STEPS:
                     monitor.stop_tracking()  # their peak is every step's; the rest runs untracked
                 seconds = time.perf_counter() - began
