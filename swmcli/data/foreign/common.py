@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from swmcli.data.storage.schema import Schema
-from swmcli.errors import DatasetError, first_line
+from swmcli.errors import DatasetError, UsageError, first_line
 
 UPSTREAM_LANCE = "stable-worldmodel-lance"
 
@@ -82,23 +82,24 @@ def check_stored(name: str, claimed_bytes: int, stored_bytes: int, where, ratio:
 
 
 def check_lengths(lengths: np.ndarray, rows: int, where) -> np.ndarray:
-    """Episode lengths that are positive and add up to the rows stored."""
+    """Episode lengths that are positive and add up to the rows stored; none at all is an empty
+    dataset, said as such (not as damage)."""
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
         raise DatasetError(f"{where}: the episode lengths are not a list of integers", DAMAGED_HINT)
+    if not len(lengths):
+        raise UsageError(f"{where} holds no episodes", hint="nothing to read in it")
     lengths = lengths.astype(np.int64)
-    if np.any(lengths <= 0) or int(lengths.sum()) != rows:
+    if np.any(lengths <= 0):
+        bad = int(np.flatnonzero(lengths <= 0)[0])
+        raise DatasetError(
+            f"{where}: episode {bad} has {int(lengths[bad])} rows (an episode has at least one)",
+            DAMAGED_HINT,
+        )
+    if int(lengths.sum()) != rows:
         raise DatasetError(
             f"{where}: episode lengths add up to {int(lengths.sum())} rows, {rows} are stored",
             DAMAGED_HINT,
         )
     return lengths
 
-
-def inside(root: Path, relative: str) -> Path:
-    """``root / relative``, refused when it would lead out of ``root`` (a dataset naming
-    ``../../etc/passwd`` or an absolute path)."""
-    target = (root / relative).resolve()
-    if not target.is_relative_to(root.resolve()):
-        raise DatasetError(f"{root}: names a path outside the dataset ({relative})", DAMAGED_HINT)
-    return target

@@ -15,12 +15,14 @@ before they allocate for it (``check_stored``).
 """
 
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from swmcli.data.foreign import lerobot, minari, upstream, upstream_files
 from swmcli.data.foreign.common import (
+    DAMAGED_HINT,
     LEROBOT,
     MINARI,
     UPSTREAM_FOLDER,
@@ -34,10 +36,12 @@ from swmcli.data.storage.schema import (
     INDEX_COLUMNS,
     Schema,
     check_keys,
+    is_image,
     offsets_from_lengths,
     take_rows,
 )
-from swmcli.errors import DatasetError, UsageError
+from swmcli.errors import DatasetError, SwmError, UsageError, first_line
+from swmcli.names import check_name
 
 _PROVENANCE = ("codec", "lossy", "convention")
 
@@ -69,12 +73,28 @@ def open_reader(path: Path, format: str, mapping: Mapping[str, str] | None = Non
     opener.update({UPSTREAM_FOLDER: upstream_files.open_source})
     opener.update({UPSTREAM_VIDEO: upstream_files.open_source})
     opener.update({MINARI: minari.open_source, LEROBOT: lerobot.open_source})
-    source = opener[format](path)
+    with documented_errors(path):
+        source = opener[format](path)
+        try:
+            return ForeignReader(path, format, source, mapping or {})
+        except BaseException:
+            source.close()
+            raise
+
+
+@contextmanager
+def documented_errors(path: Path):
+    """Whatever a hostile header makes numpy, pyarrow or json raise while a foreign dataset
+    opens (a ValueError, a KeyError, a MemoryError) as swm's own DatasetError: what
+    ``load_dataset`` documents."""
     try:
-        return ForeignReader(path, format, source, mapping or {})
-    except BaseException:
-        source.close()
+        yield
+    except SwmError:
         raise
+    except (ValueError, KeyError, TypeError, IndexError, MemoryError, OverflowError) as error:
+        raise DatasetError(
+            f"cannot read {path}: {type(error).__name__}: {first_line(error)}", DAMAGED_HINT
+        ) from None
 
 
 def default_key(name: str) -> str:
@@ -101,6 +121,10 @@ class ForeignReader:
             key = mapping.get(name, source.defaults.get(name, default_key(name)))
             if not key:
                 continue
+            if name in mapping:  # a key names files and columns: checked before any is written
+                check_name(key, f"--map {name}=")
+            else:
+                check_name(key, f"{path}: the column {name!r} becomes the key", DatasetError)
             if key in self._names or key in INDEX_COLUMNS:
                 raise UsageError(
                     f"{name!r} and {self._names.get(key, 'the index')!r} both map to {key!r}",
@@ -108,6 +132,12 @@ class ForeignReader:
                 )
             self._names[key] = name
         self.keys: Schema = {key: source.columns[name] for key, name in self._names.items()}
+        # Float frames are read as uint8 once, here (x 255, rounded): swm's pixels are bytes.
+        self._float_frames = {
+            k for k, (dtype, shape) in self.keys.items() if is_image(shape) and dtype.kind == "f"
+        }
+        for key in self._float_frames:
+            self.keys[key] = (np.dtype(np.uint8), self.keys[key][1])
         self.episode_lengths = np.asarray(source.lengths, dtype=np.int64)
         self.episode_offsets = offsets_from_lengths(self.episode_lengths)
         self.num_episodes = len(self.episode_lengths)
@@ -126,6 +156,11 @@ class ForeignReader:
         }
         if left_out:
             self.metadata["left_out_by_map"] = left_out
+        if self._float_frames:
+            self.metadata["frame_conversion"] = (
+                f"{', '.join(sorted(self._float_frames))}: float values in [0, 1] read as uint8 "
+                "(x 255, rounded)"
+            )
 
     @property
     def nbytes_on_disk(self) -> int:
@@ -135,7 +170,21 @@ class ForeignReader:
         """Rows (global, swm convention) of one key."""
         rows = self._check_rows(rows)
         check_keys(self.keys, [key], self.path)
-        return take_rows(self._source.read(self._names[key], rows), None, out)
+        return take_rows(self._as_read(key, self._source.read(self._names[key], rows)), None, out)
+
+    def _as_read(self, key: str, values: np.ndarray) -> np.ndarray:
+        """Float frames as uint8; values outside [0, 1] (or NaN) refused, never wrapped."""
+        if key not in self._float_frames:
+            return values
+        finite = not values.size or np.isfinite(values).all()
+        if not finite or (values.size and not 0 <= values.min() <= values.max() <= 1):
+            raise DatasetError(
+                f"{self.path}: {key} holds float frames with values outside [0, 1] (from "
+                f"{np.nanmin(values):.4g} to {np.nanmax(values):.4g}): swm reads float frames as "
+                "[0, 1]",
+                hint="store frames as uint8 (0..255), or as floats in [0, 1]",
+            )
+        return np.rint(values * 255).astype(np.uint8)
 
     def _check_rows(self, rows) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
@@ -151,7 +200,7 @@ class ForeignReader:
         rows = self._check_rows(rows)
         check_keys(self.keys, keys, self.path)
         values = many([self._names[key] for key in keys], rows)
-        return {key: values[self._names[key]] for key in keys}
+        return {key: self._as_read(key, values[self._names[key]]) for key in keys}
 
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         if not 0 <= index < self.num_episodes:
