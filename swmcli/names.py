@@ -19,7 +19,7 @@ def bad_name(name: object) -> str | None:
     if not name.strip():
         return "is empty"
     if name in (".", ".."):
-        return "is a relative path, not a name"
+        return "is '.' or '..'"
     if any(separator in name for separator in _SEPARATORS):
         return "holds a path separator"
     return None

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from swmcli.data.foreign import jpeg
-from swmcli.data.foreign.common import DAMAGED_HINT, MINARI, check_stored, reading
+from swmcli.data.foreign.common import DAMAGED_HINT, MINARI, check_hdf5_stored, reading
 from swmcli.data.storage.containment import check_hdf5
 from swmcli.errors import DatasetError
 
@@ -131,10 +131,8 @@ class MinariSource:
                     f"{self.path}: {group.name}/{leaf} holds {dataset.shape[:1]} rows, not {want}",
                     DAMAGED_HINT,
                 )
-            claimed = int(np.prod(dataset.shape, dtype=np.int64)) * dataset.dtype.itemsize
-            stored = dataset.id.get_storage_size() * (1000 if dataset.compression else 1)
             if name not in self._jpeg:
-                check_stored(f"{group.name}/{leaf}", claimed, stored, self.path)
+                check_hdf5_stored(f"{group.name}/{leaf}", dataset, self.path)
         return steps + 1
 
     def _column(self, first, name: str):

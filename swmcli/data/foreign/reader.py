@@ -41,7 +41,7 @@ from swmcli.data.storage.schema import (
     take_rows,
 )
 from swmcli.errors import DatasetError, SwmError, UsageError, first_line
-from swmcli.names import check_name
+from swmcli.names import bad_name
 
 _PROVENANCE = ("codec", "lossy", "convention")
 
@@ -97,6 +97,23 @@ def documented_errors(path: Path):
         ) from None
 
 
+def _check_key(path: Path, name: str, key: str, given: bool) -> None:
+    """A key names files and columns of what is written from it: checked before any is."""
+    why = bad_name(key)
+    if why is None:
+        return
+    if given:
+        raise UsageError(
+            f"--map {name}={key}: the key {key!r} {why}",
+            hint="map it to a plain name: letters, digits, '_', '-', '.' (no '/', no '..')",
+        )
+    raise DatasetError(
+        f"{path}: its column {name!r} would become the key {key!r}, which {why}",
+        hint="a dataset names its keys with plain names: give this one another with --map "
+        f"'{name}=NAME', or leave it out with --map '{name}='",
+    )
+
+
 def default_key(name: str) -> str:
     """swm's key for a source column: the same name, with the dots Lance refuses as ``_``."""
     return name.replace(".", "_")
@@ -121,10 +138,7 @@ class ForeignReader:
             key = mapping.get(name, source.defaults.get(name, default_key(name)))
             if not key:
                 continue
-            if name in mapping:  # a key names files and columns: checked before any is written
-                check_name(key, f"--map {name}=")
-            else:
-                check_name(key, f"{path}: the column {name!r} becomes the key", DatasetError)
+            _check_key(path, name, key, given=name in mapping)
             if key in self._names or key in INDEX_COLUMNS:
                 raise UsageError(
                     f"{name!r} and {self._names.get(key, 'the index')!r} both map to {key!r}",

@@ -25,8 +25,8 @@ from swmcli.data.foreign.common import (
     DAMAGED_HINT,
     UPSTREAM_HDF5,
     UPSTREAM_LANCE,
+    check_hdf5_stored,
     check_lengths,
-    check_stored,
     is_hdf5,
     reading,
 )
@@ -341,14 +341,6 @@ def open_hdf5(path: Path):
     return UpstreamHdf5(path)
 
 
-def _stored_bytes(dataset) -> tuple[int, int]:
-    """(bytes the header claims, bytes actually stored); compressed data may expand 1000x."""
-    ratio = 1000 if dataset.compression else 1
-    return int(np.prod(dataset.shape, dtype=np.int64)) * dataset.dtype.itemsize, (
-        dataset.id.get_storage_size() * ratio
-    )
-
-
 class UpstreamHdf5:
     """A stable-worldmodel HDF5 file: flat columns, ``ep_len``/``ep_offset``."""
 
@@ -366,7 +358,7 @@ class UpstreamHdf5:
 
     def _whole(self, name: str) -> np.ndarray:
         dataset = self._file[name]
-        check_stored(name, *_stored_bytes(dataset), self.path)
+        check_hdf5_stored(name, dataset, self.path)
         return dataset[()]
 
     def _open(self) -> None:
@@ -380,7 +372,7 @@ class UpstreamHdf5:
             if dataset.dtype.kind not in "biuf" or not dataset.shape:
                 dropped[name] = f"{dataset.dtype} (swm stores numbers and frames)"
                 continue
-            check_stored(name, *_stored_bytes(dataset), self.path)
+            check_hdf5_stored(name, dataset, self.path)
             if rows is not None and dataset.shape[0] != rows:
                 raise DatasetError(f"{self.path}: columns of different lengths", DAMAGED_HINT)
             rows = dataset.shape[0]

@@ -64,19 +64,23 @@ def check_hdf5(file, where) -> None:
     (``external=``) or a virtual dataset: reading any of them reads outside ``where``."""
     import h5py
 
-    def visit(name: str, link) -> None:
+    def visit(name: str, link) -> str | None:  # what reaches out (a value stops the visit)
         if isinstance(link, h5py.ExternalLink):
-            raise DatasetError(
-                f"{where}: {name} is an external link to {link.filename}:{link.path}", _HINT
-            )
+            return f"{name} is an external link to {link.filename}:{link.path}"
         if not isinstance(link, h5py.HardLink):
-            return  # a soft link names an object of this file, visited on its own
+            return None  # a soft link names an object of this file, visited on its own
         dataset = file.get(name)
-        if isinstance(dataset, h5py.Dataset):
-            if dataset.is_virtual:
-                raise DatasetError(f"{where}: {name} is a virtual dataset of other files", _HINT)
-            if dataset.external:
-                files = ", ".join(os.fsdecode(part[0]) for part in dataset.external)
-                raise DatasetError(f"{where}: {name} is stored outside the file ({files})", _HINT)
+        if not isinstance(dataset, h5py.Dataset):
+            return None
+        if dataset.is_virtual:
+            return f"{name} is a virtual dataset of other files"
+        if dataset.external:
+            files = ", ".join(os.fsdecode(part[0]) for part in dataset.external)
+            return f"{name} is stored outside the file ({files})"
+        return None
 
-    file.visititems_links(visit)
+    # An exception raised inside h5py's visit would reach it as a SystemError: the problem is
+    # returned instead, which ends the visit, and raised here.
+    problem = file.visititems_links(visit)
+    if problem is not None:
+        raise DatasetError(f"{where}: {problem}", _HINT)
