@@ -496,20 +496,39 @@ def _read(path: Path) -> list[dict]:
         reader.close()
 
 
-@case
-def lance_step_order(root):
+def stored_out_of_order(root: Path, layout: str, code: int, says: str) -> Case:
+    """stable-worldmodel's ``layout`` with one episode's rows stored as steps 2, 0, 1, 5, 3, 4
+    (each row's ``state`` says its step): read in step order, or refused where it cannot be."""
     steps = [2, 0, 1, 5, 3, 4]
-    state = [[10.0 * s] for s in steps]  # a row's state says its step
-    source = upstream_lance(root / "in" / "order.lance", [0] * 6, steps,
-                            state=state, action=[[float(s), 0.0] for s in steps])  # fmt: skip
+    state = np.array([[10.0 * s] for s in steps], np.float32)
+    action = np.array([[float(s), 0.0] for s in steps], np.float32)
+    if layout == "lance":
+        source = upstream_lance(root / "in" / "order.lance", [0] * 6, steps, state=state,
+                                action=action)  # fmt: skip
+    elif layout == "hdf5":
+        columns = {"state": state, "action": action, "step_idx": np.array(steps)}
+        source = upstream_hdf5(root / "in" / "order.h5", columns, lengths=(6,))
+    else:
+        source = root / "in" / "order"
+        source.mkdir()
+        arrays = {"ep_len": [6], "ep_offset": [0], "step_idx": steps, "state": state}
+        for name, values in arrays.items():
+            np.savez(source / f"{name}.npz", np.asarray(values))
 
     def check(root):
         (episode,) = _read(source)
-        np.testing.assert_array_equal(episode["state"], np.arange(0, 60, 10))
+        np.testing.assert_array_equal(episode["state"].reshape(-1), np.arange(0, 60, 10))
         np.testing.assert_array_equal(episode["action"][:-1, 0], np.arange(5))
         assert np.isnan(episode["action"][-1]).all()  # the NaN on step 5's row, not storage's
 
-    return Case(["info", str(source)], 0, "stable-worldmodel-lance", check=check)
+    return Case(["info", str(source)], code, says, check=check if code == 0 else None)
+
+
+table(stored_out_of_order, {
+    "lance-step-order": ("lance", 0, "stable-worldmodel-lance"),
+    "hdf5-step-order": ("hdf5", 0, "stable-worldmodel-hdf5"),
+    "folder-step-order": ("folder", 1, "frames are named by position"),
+})  # fmt: skip
 
 
 @case

@@ -1,6 +1,7 @@
 """Every case of the hostile-input corpus (``tests/hostile.py``) through a real ``swm`` process,
 counted: writes outside the destination, reads outside the dataset, "bug in swm" lines,
-tracebacks, hangs, and outcomes other than the case's.
+tracebacks, other libraries' logs on the terminal (torch's, SDL's), hangs, and outcomes other
+than the case's (a case's ``check`` reads what was written with this checkout's swm).
 
 Writes: the whole tree under each case's root, before and after (every hostile target lies in
 it). Reads: under ``strace`` (when it runs here), every file the process and its children opened,
@@ -29,6 +30,8 @@ from hostile import CASES, make, tree, written_outside
 
 # strace -y prints an opened descriptor with the file it is, links resolved: "= 3</path>"
 _OPENED = re.compile(r"^open\w*\(.*\) = \d+<(.*)>$")
+# What other libraries print past swm: torch's logs (glog style) and SDL's complaint.
+_STRAY = re.compile(r"^[EWI]\d{4} \d\d:\d\d:\d\d|XDG_RUNTIME_DIR", re.M)
 
 
 def opened_files(log: Path) -> set[Path]:
@@ -79,6 +82,7 @@ def run_case(name: str, work: Path, timeout: float, strace: bool, source: Path |
         "reads_outside": read,
         "bug_in_swm_lines": output.count("bug in swm"),
         "tracebacks": output.count("Traceback"),
+        "stray_log_lines": len(_STRAY.findall(output)),
         "hung": hung,
         "exit_code": code,
         "last_line": (output.strip().splitlines() or [""])[-1][:160],
@@ -109,6 +113,7 @@ def main() -> int:
         "reads_outside": sum(len(r["reads_outside"]) for r in results) if strace else None,
         "bug_in_swm_lines": sum(r["bug_in_swm_lines"] for r in results),
         "tracebacks": sum(r["tracebacks"] for r in results),
+        "stray_log_lines": sum(r["stray_log_lines"] for r in results),
         "hangs": sum(r["hung"] for r in results),
         "strace": strace,
     }
