@@ -132,7 +132,7 @@ def upstream_lance(path: Path, episodes, steps, metadata=None, **columns) -> Pat
         "step_idx": pa.array(steps, pa.int32()),
     }
     for name, values in columns.items():
-        if isinstance(values[0], bytes):
+        if not len(values) or isinstance(values[0], bytes):
             arrays[name] = pa.array(values, pa.binary())
         else:
             flat = np.asarray(values, np.float32)
@@ -826,29 +826,32 @@ def lengths_with_an_empty_episode(root):
     return Case(["info", str(source)], 1, "episode 1 has 0 rows")
 
 
-@case
-def empty_upstream_hdf5(root):
-    columns = {"pixels": np.zeros((0, 8, 8, 3), np.uint8), "action": np.zeros((0, 2))}
-    source = upstream_hdf5(root / "in" / "x.h5", columns, lengths=())
-    return Case(["info", str(source)], 2, "holds no episodes")
-
-
-@case
-def empty_upstream_folder(root):
-    path = root / "in" / "empty"
+def _empty_folder(path: Path) -> Path:
     path.mkdir()
     for name in ("ep_len", "ep_offset", "action"):
         np.savez(path / f"{name}.npz", np.zeros(0, np.int64))
-    return Case(["info", str(path)], 2, "holds no episodes")
+    return path
 
 
-@case
-def empty_lerobot(root):
-    def episodes(table):
-        for values in table.values():
-            del values[:]
+def _empty_lerobot_episodes(table: dict) -> None:
+    for values in table.values():
+        del values[:]
 
-    return Case(["info", str(lerobot(root, episodes=episodes))], 2, "holds no episodes")
+
+def empty(root: Path, write: Callable[[Path], Path]) -> Case:
+    """``swm info`` on a dataset of no episodes: said as such, not as damage."""
+    return Case(["info", str(write(root / "in" / "empty"))], 2, "holds no episodes")
+
+
+table(empty, {
+    "empty-upstream-hdf5": (lambda path: upstream_hdf5(path.with_suffix(".h5"), {
+        "pixels": np.zeros((0, 8, 8, 3), np.uint8), "action": np.zeros((0, 2))}, lengths=()),),
+    "empty-upstream-lance": (lambda path: upstream_lance(path.with_suffix(".lance"), [], [],
+                                                         pixels=[]),),
+    "empty-upstream-folder": (_empty_folder,),
+    "empty-minari": (lambda path: minari(path, []),),
+    "empty-lerobot": (lambda path: lerobot(path.parents[1], episodes=_empty_lerobot_episodes),),
+})  # fmt: skip
 
 
 @case

@@ -114,7 +114,10 @@ def faults_named(model, optimizer, batch: Callable[[], dict], first: bool) -> It
         if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
             raise FloatingPointError("the first step's gradients are not finite")
 
-    handle = optimizer.register_step_pre_hook(refuse_nonfinite) if first else None
+    # An optimizer stepped inside backward (one per parameter) has no step to hook: its NaN
+    # shows in the loss.
+    register = getattr(optimizer, "register_step_pre_hook", None)
+    handle = register(refuse_nonfinite) if first and register is not None else None
     try:
         yield
     except Exception as error:

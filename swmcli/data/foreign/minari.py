@@ -21,7 +21,7 @@ import numpy as np
 from swmcli.data.foreign import jpeg
 from swmcli.data.foreign.common import DAMAGED_HINT, MINARI, check_hdf5_stored, reading
 from swmcli.data.storage.containment import check_hdf5
-from swmcli.errors import DatasetError
+from swmcli.errors import DatasetError, UsageError
 
 _EPISODE = re.compile(r"episode_(\d+)")
 _ARRIVAL = {"rewards": "reward", "terminations": "terminated", "truncations": "truncated"}
@@ -87,6 +87,8 @@ class MinariSource:
         import h5py
 
         indices = sorted(int(m[1]) for name in self._file if (m := _EPISODE.fullmatch(name)))
+        if not indices:
+            raise UsageError(f"{self.path} holds no episodes", hint="nothing to read in it")
         if indices != list(range(len(indices))):
             raise DatasetError(f"{self.path}: episode groups are not episode_0..N-1", DAMAGED_HINT)
         self._episodes = [self._file[f"episode_{i}"] for i in indices]
