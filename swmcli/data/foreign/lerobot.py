@@ -212,6 +212,11 @@ class LeRobotSource:
             if name in self._videos:
                 continue
             per_row = _values_per_row(footer, name)
+            if per_row is None:
+                raise DatasetError(
+                    f"{self.path}: info.json declares {name}, its data holds no such column",
+                    DAMAGED_HINT,
+                )
             if per_row != int(np.prod(shape)):
                 raise DatasetError(
                     f"{self.path}: info.json gives {name} the shape {list(shape) or [1]}, "
