@@ -3,6 +3,7 @@ its exact outcome (refused with its line, or read correctly), never a traceback 
 and nothing written anywhere under its root but where the command writes."""
 
 import os
+import sys
 import threading
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def test_hostile_case(name, tmp_path, monkeypatch, capfd):
             monkeypatch.setenv(key, value)
     before = tree(root)
     result = runner.invoke(app, case.args)
+    if "wandb" in sys.modules:  # W&B keeps its settings for the process: the next test's own
+        sys.modules["wandb"].teardown()
     output = result.output + capfd.readouterr().err  # what C libraries print reaches fd 2
     assert result.exit_code == case.code, output
     assert case.says in output, output

@@ -12,7 +12,7 @@ ways (external links, external raw storage, virtual datasets): ``check_hdf5`` re
 import os
 from pathlib import Path
 
-from swmcli.errors import DatasetError
+from swmcli.errors import DatasetError, first_line
 
 _HINT = (
     "swm reads nothing outside a dataset: copy the file into the dataset, or point swm at the "
@@ -81,6 +81,12 @@ def check_hdf5(file, where) -> None:
 
     # An exception raised inside h5py's visit would reach it as a SystemError: the problem is
     # returned instead, which ends the visit, and raised here.
-    problem = file.visititems_links(visit)
+    try:
+        problem = file.visititems_links(visit)
+    except (RuntimeError, OSError, KeyError, ValueError) as error:  # damaged metadata
+        raise DatasetError(
+            f"cannot read {where}: {first_line(error)}",
+            "the file is damaged or truncated: restore it or collect again",
+        ) from None
     if problem is not None:
         raise DatasetError(f"{where}: {problem}", _HINT)
