@@ -5,6 +5,7 @@ or ``--config FILE`` < ``--set section.key=value`` < explicit command-line flags
 and nowhere else. Each run directory keeps its resolved config as ``config.json``.
 """
 
+import copy
 import json
 import tomllib
 import warnings
@@ -23,6 +24,7 @@ from pydantic import (
 )
 
 from swmcli.errors import CheckpointError, UsageError
+from swmcli.names import check_name
 from swmcli.units import parse_size
 
 SEED_MAX = 2**32 - 1  # what numpy's legacy seeding and gymnasium accept everywhere
@@ -69,10 +71,21 @@ def _is_module_attribute(value: str) -> bool:
 DatasetPath = Annotated[Path | str, BeforeValidator(_dataset_location)]
 
 
+INT_MAX = 2**63 - 1  # the largest integer numpy, torch and every file format hold
+
+
 class Section(BaseModel):
     # Frozen: a resolved config is never edited; a derived one is made by ``with_settings``.
     # No NaN or infinity in any number: an infinite learning rate would only fail deep inside.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        """No integer setting beyond int64: a step count of 10**30 would only fail deep inside."""
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX:
+            raise ValueError(f"{value} is beyond the largest integer swm takes (2**63 - 1)")
+        return value
 
 
 class EnvConfig(Section):
@@ -130,6 +143,19 @@ class CollectConfig(Section):
         description="env processes rolling out episodes (one torch thread each): more where "
         "the env's step is slow (Push-T); the dataset is the same for any number",
     )
+
+    @model_validator(mode="after")
+    def _one_amount(self) -> "CollectConfig":
+        _refuse_impossible(
+            [
+                (
+                    self.episodes is not None and self.steps is not None,
+                    f"episodes ({self.episodes}) and steps ({self.steps}) both say how much to "
+                    "collect: give one (--episodes N or --steps N)",
+                )
+            ]
+        )
+        return self
 
 
 class DataConfig(Section):
@@ -611,6 +637,35 @@ def _settings_tree(sets: list[str] | None, flags: dict[str, Any] | None) -> dict
     return upgrade(tree)
 
 
+#: Settings that say one thing two ways: a source that sets either replaces what a source below
+#: it set (``--steps 100`` over a preset's ``episodes``); one source setting both is refused.
+ALTERNATIVES = (("collect.episodes", "collect.steps"),)
+
+
+def _layered(base: dict[str, Any], top: dict[str, Any], where: str) -> dict[str, Any]:
+    """``top``'s settings (from ``where``) over ``base``'s, as the precedence says."""
+    _check_sections(top, where)
+    base = copy.deepcopy(base)
+    for group in ALTERNATIVES:
+        if any(_get(top, key) is not None for key in group):
+            for key in group:
+                section, name = key.split(".")
+                if isinstance(base.get(section), dict):
+                    base[section].pop(name, None)
+    return _merge(base, top)
+
+
+def _check_sections(tree: dict[str, Any], where: str) -> None:
+    """A section given as anything but a table is refused, never merged away: ``train = 5`` in
+    a file would otherwise drop a preset's whole ``[train]``."""
+    for name, value in tree.items():
+        if name in SwmConfig.model_fields and not isinstance(value, dict):
+            raise UsageError(
+                f"{where}: {name} is a section of settings, not {value!r}",
+                hint=f"write it as a table: [{name}] then key = value lines (see presets/*.toml)",
+            )
+
+
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in top.items():
@@ -663,15 +718,22 @@ def resolve_config(
     """
     tree: dict[str, Any] = {}
     if preset is not None:
-        path = presets_dir() / f"{preset}.toml"
-        if not path.is_file():
-            raise UsageError(
-                f"no preset named {preset!r}", hint=f"choose one of: {', '.join(preset_names())}"
-            )
-        tree = _merge(tree, upgrade(_read_config_file(path)))
+        path = preset_path(preset)
+        tree = _layered(tree, upgrade(_read_config_file(path)), f"preset {preset}")
     if config_file is not None:
-        tree = _merge(tree, upgrade(_read_config_file(config_file)))
-    return _validated(_merge(tree, _settings_tree(sets, flags)))
+        tree = _layered(tree, upgrade(_read_config_file(config_file)), str(config_file))
+    return _validated(_layered(tree, _settings_tree(sets, flags), "--set and flags"))
+
+
+def preset_path(preset: str) -> Path:
+    """The file of the preset named ``preset``: only ever one of ``presets/``, never a path
+    (a file of settings elsewhere is ``--config FILE``)."""
+    hint = f"choose one of: {', '.join(preset_names())}; a file of settings is --config FILE"
+    check_name(preset, "preset", hint=hint)
+    path = presets_dir() / f"{preset}.toml"
+    if not path.is_file():
+        raise UsageError(f"no preset named {preset!r}", hint=hint)
+    return path
 
 
 #: The settings of swm's own model (its architecture) and of swm's JEPA loss: a run of a
@@ -733,7 +795,7 @@ def load_run_config(
         raise CheckpointError(
             f"{path} is damaged or from another swm version: {_describe(err)}", hint=damaged
         ) from err
-    return _validated(_merge(tree, _settings_tree(sets, flags)))
+    return _validated(_layered(tree, _settings_tree(sets, flags), "--set and flags"))
 
 
 #: What ``swm train --resume`` may change: how the run executes and how far it goes, not what it

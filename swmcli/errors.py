@@ -5,6 +5,8 @@ A bad argument is also the Python exception a library user expects: every ``Usag
 that does not exist a ``FileNotFoundError``; ``DatasetError`` is kept for damaged data.
 """
 
+import os
+
 
 class SwmError(Exception):
     """A known failure: a one-line message, a hint that says what to do, and the exit code."""
@@ -20,6 +22,16 @@ class SwmError(Exception):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return self.message
+
+    def __reduce__(self):  # through a process pool whole: hint and exit code kept
+        return (_rebuilt, (type(self), self.message, dict(self.__dict__)))
+
+
+def _rebuilt(kind: type, message: str, state: dict) -> "SwmError":
+    error = Exception.__new__(kind)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
 
 
 class UsageError(SwmError, ValueError):
@@ -57,6 +69,76 @@ class CheckpointError(SwmError):
     """A run directory whose checkpoint or config is missing or unreadable."""
 
 
+class UserCodeError(SwmError):
+    """An error raised inside the user's own code (a ``--model`` factory, a policy, an env, a
+    logger): named with the user's function, file and line, never as a bug in swm (exit 1)."""
+
+
+# The files of the modules swm imports on the user's behalf (``--model``, ``--policy
+# module:factory``, ``--env module:Id`` and its env's class): a traceback frame in one of them
+# is the user's code.
+_USER_FILES: set[str] = set()
+
+
+def remember_user_file(file: str | None) -> None:
+    """Note ``file`` (a module's ``__file__``) as the user's code."""
+    if file:
+        _USER_FILES.add(os.path.realpath(file))
+
+
+def _user_frame(error: BaseException) -> tuple[str | None, str, int] | None:
+    """(function, file, line) of the innermost frame of the user's code that ``error`` (or the
+    error it was raised from) passed through; for a SyntaxError in a user file, its line."""
+    import traceback
+
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        syntax = isinstance(error, SyntaxError) and error.filename
+        if syntax and os.path.realpath(error.filename) in _USER_FILES:
+            return None, error.filename, error.lineno or 0
+        found = None
+        for frame, line in traceback.walk_tb(error.__traceback__):
+            file = frame.f_code.co_filename
+            if os.path.realpath(file) in _USER_FILES:
+                found = (frame.f_code.co_name, file, line)
+        if found is not None:
+            return found
+        error = error.__cause__
+    return None
+
+
+def shown_path(file: str) -> str:
+    """``file`` relative to the working directory when it lies under it, else as it is."""
+    try:
+        relative = os.path.relpath(file)
+    except ValueError:  # another drive
+        return file
+    return file if relative.startswith("..") else relative
+
+
+def blame_user(error: BaseException) -> UserCodeError | None:
+    """A UserCodeError naming the user's function, file and line that ``error`` came from, or
+    None when it did not pass through the user's code."""
+    frame = _user_frame(error)
+    if frame is None:
+        return None
+    function, file, line = frame
+    file = shown_path(file)
+    where = f"{file}:{line}" if function is None else f"{function} ({file}:{line})"
+    if isinstance(error, SystemExit):
+        what = f"called sys.exit({error.code!r})"
+    elif isinstance(error, SyntaxError):
+        what = f"has a syntax error: {error.msg}"
+    else:
+        what = f"raised {type(error).__name__}: {first_line(error)}"
+    return UserCodeError(
+        f"your code {what}, in {where}",
+        hint="the error is in your code, not in swm: fix it there (SWM_DEBUG=1 shows the "
+        "whole traceback)",
+    )
+
+
 def first_line(error: BaseException) -> str:
     """An exception's message cut to its first line, for a one-line error.
 
@@ -71,7 +153,11 @@ def first_line(error: BaseException) -> str:
 
 
 def describe_unexpected(err: Exception) -> tuple[str, str]:
-    """One line and a hint for an error no swm code anticipated: the machine's, or a bug."""
+    """One line and a hint for an error no swm code anticipated: the user's code's (named with
+    its function, file and line), the machine's, or a bug."""
+    blamed = blame_user(err)
+    if blamed is not None:
+        return blamed.message, blamed.hint
     message = first_line(err)
     if isinstance(err, MemoryError):
         return (
@@ -108,7 +194,6 @@ _NO_BUCKET = ("NoSuchBucket", "specified bucket does not exist")
 def _object_store_failure(err: Exception) -> tuple[str, str] | None:
     """One line naming the endpoint for an object store that cannot be reached or lacks the
     bucket (instead of a raw ``EndpointConnectionError`` or Lance's XML); None otherwise."""
-    import os
     import re
 
     text = f"{type(err).__name__}: {err}"

@@ -20,7 +20,7 @@ import typer
 
 from swmcli import __version__
 from swmcli.cli.options import Sets, SwmGroup, add_command, given, renamed_settings_said
-from swmcli.errors import SwmError, describe_unexpected
+from swmcli.errors import SwmError, blame_user, describe_unexpected
 from swmcli.host import keep_freed_memory
 
 app = typer.Typer(
@@ -62,13 +62,15 @@ class Job:
 def reported(as_json: bool, track_tensors: bool = False) -> Iterator[Job]:
     """The error boundary around a command, and its report.
 
-    Known errors become one line and a hint with their exit code; ^C exits 130; anything
+    Known errors become one line and a hint with their exit code; ^C exits 130; an error (or a
+    ``sys.exit``) in the user's own code names their function, file and line (exit 1); anything
     unexpected is one line too, unless SWM_DEBUG=1 asks for the traceback. On success the job's
     result is rendered with the memory panel (or as JSON).
     """
     from swmcli import report
     from swmcli.memory.measure import MemoryMonitor
 
+    _quiet_torch_internals()
     try:
         with renamed_settings_said():
             job = Job(MemoryMonitor(track_tensors=track_tensors))
@@ -83,11 +85,30 @@ def reported(as_json: bool, track_tensors: bool = False) -> Iterator[Job]:
         raise typer.Exit(130) from None
     except (typer.Exit, typer.Abort):
         raise
+    except SystemExit as err:  # sys.exit() in the user's model, policy or env: their error
+        blamed = blame_user(err)
+        if blamed is None or os.environ.get("SWM_DEBUG") == "1":
+            raise
+        report.error(blamed.message, blamed.hint)
+        raise typer.Exit(blamed.exit_code) from None
     except Exception as err:
         if os.environ.get("SWM_DEBUG") == "1":
             raise
         report.error(*describe_unexpected(err))
         raise typer.Exit(1) from None
+
+
+# torch loggers that print their own traceback of an error swm then reports in one line (a model
+# that fails while memprofile's preflight traces it on fake tensors).
+_TORCH_INTERNAL_LOGS = ("torch._subclasses.fake_tensor", "torch._subclasses.fake_impls")
+
+
+def _quiet_torch_internals() -> None:
+    """Keep torch's internal error logs off the terminal (SWM_DEBUG=1 shows them)."""
+    import logging
+
+    for name in _TORCH_INTERNAL_LOGS:
+        logging.getLogger(name).disabled = os.environ.get("SWM_DEBUG") != "1"
 
 
 def _version(value: bool) -> None:

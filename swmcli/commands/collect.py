@@ -31,7 +31,7 @@ from swmcli.envs.recording import (
     episode_seed,
     step_row,
 )
-from swmcli.errors import SwmError, describe_unexpected
+from swmcli.errors import SwmError, blame_user, describe_unexpected
 from swmcli.interrupts import deferred_interrupts
 from swmcli.report import CommandResult, progress
 
@@ -243,7 +243,18 @@ def _worker_start(config: dict) -> None:
 
 
 def _worker_episode(index: int) -> dict[str, np.ndarray]:
-    """Episode ``index`` of the dataset, rolled out whole in this worker (its env made once)."""
+    """Episode ``index`` of the dataset, rolled out whole in this worker (its env made once).
+    An error of the user's policy or env is named here, where its traceback still is."""
+    try:
+        return _rolled_out(index)
+    except (Exception, SystemExit) as error:
+        blamed = blame_user(error)
+        if blamed is None:
+            raise
+        raise blamed from None
+
+
+def _rolled_out(index: int) -> dict[str, np.ndarray]:
     if "env" not in _WORKER:
         cfg = SwmConfig.model_validate(_WORKER["config"])
         env = make_env(

@@ -31,6 +31,7 @@ from swmcli.envs.plugins import check_restorable
 from swmcli.envs.recording import env_of_data
 from swmcli.errors import UsageError
 from swmcli.models.interface import build_model
+from swmcli.models.outputs import encode_checked, predict_checked
 from swmcli.models.rollout import rollout
 from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
 from swmcli.planning.episodes import run_episodes
@@ -167,8 +168,8 @@ def _warm_up(model, shape: dict[str, int], runner) -> None:
     side, block = shape["resolution"], shape["frameskip"] * shape["action_dim"]
     pixels = torch.zeros(1, 1, side, side, 3, dtype=torch.uint8, device=runner.device)
     try:
-        latents = model.encode(pixels)
-        model.predict(latents, torch.zeros(1, 1, block, device=runner.device))
+        latents = encode_checked(model, pixels)
+        predict_checked(model, latents, torch.zeros(1, 1, block, device=runner.device))
     except Exception as err:  # torch.compile raises backend-specific errors
         if not runner.compile:
             raise
@@ -204,7 +205,7 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     for start in range(0, len(windows), OPEN_LOOP_BATCH):
         indices = range(start, min(start + OPEN_LOOP_BATCH, len(windows)))
         batch = runner.to_device(windows.read_batch(indices))
-        latents = model.encode(batch["pixels"]).float()
+        latents = encode_checked(model, batch["pixels"]).float()
         actions = batch["action"][:, :horizon]
         predicted = rollout(model, latents[:, :1], actions[:, :0], actions).float()
         truth = latents[:, 1:]

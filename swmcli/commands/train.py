@@ -24,18 +24,20 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, closing
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from swmcli import config
 from swmcli.data.storage.lock import run_lock
-from swmcli.errors import SwmError, UsageError
+from swmcli.errors import UsageError
 from swmcli.host import keep_freed_memory
 from swmcli.interrupts import deferred_interrupts
 from swmcli.memory import levers
 from swmcli.memory.measure import rank_peaks
 from swmcli.memory.predict import check_training_fits
 from swmcli.models.interface import Objective, model_args
+from swmcli.models.outputs import check_finite, faults_named
 from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
 from swmcli.report import CommandResult, format_seconds, info, progress, silence, warn
 from swmcli.training import checkpoints, distributed
@@ -48,7 +50,7 @@ from swmcli.training.metrics import (
     trim_metrics,
 )
 from swmcli.training.online import OnlineData
-from swmcli.training.run_directory import run_config
+from swmcli.training.run_directory import run_config, stopped_after
 from swmcli.training.sources import ActionCheck, StoredData, TrainingData
 from swmcli.training.step import learning_rate, logged_figures, model_bytes, optimizer_step
 from swmcli.units import format_bytes
@@ -106,10 +108,12 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
                 for group in run.optimizer.param_groups:
                     group["lr"] = learning_rate(step, last_step, cfg.train.lr)
                 on_device = (run.runner.to_device(batch) for batch in micro)  # each in its turn
-                parts, grad_norm = optimizer_step(
-                    run.net, run.optimizer, on_device, run.runner, cfg.train.grad_clip, len(micro)
-                )
-                last = logged_figures(parts, grad_norm, run.optimizer, world)
+                again = partial(run.runner.to_device, micro[0])  # for a diagnosis, if it fails
+                with faults_named(run.model, run.optimizer, again, first=step == run.start):
+                    step_of = (run.net, run.optimizer, on_device, run.runner, cfg.train.grad_clip)
+                    parts, grad_norm = optimizer_step(*step_of, len(micro))
+                    last = logged_figures(parts, grad_norm, run.optimizer, world)
+                check_finite(last["loss"], step + 1, run.model, again)
                 if step - run.start >= TRACKED_STEADY_STEPS:
                     monitor.stop_tracking()  # their peak is every step's; the rest runs untracked
                 seconds = time.perf_counter() - began
@@ -129,7 +133,7 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
                         f"on step {done})"
                     )
                 if stop:
-                    _stopped(done, run_dir, world)
+                    stopped_after(done, run_dir, world)
         steady_steps = last_step - run.start - 1  # the first step compiles: not steady
         steady = clips_per_step * steady_steps / steady_seconds if steady_steps else None
         return _result(run, monitor, last, steady, steady_seconds, resume)
@@ -251,17 +255,6 @@ def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
     model.train()
     return _Run(cfg, run_dir, world, runner, data, model, net, optimizer, args, needed, start,
                 batches, fingerprint)  # fmt: skip
-
-
-def _stopped(step: int, run_dir: Path, world) -> None:
-    """Leave after an interrupted ``step`` (checkpointed): rank 0 reports it for every rank."""
-    if not world.is_main:
-        raise SystemExit(130)
-    raise SwmError(
-        f"interrupted after step {step}: checkpoint saved in {run_dir}",
-        hint=f"swm train --out {run_dir} --resume continues from step {step}",
-        exit_code=130,
-    )
 
 
 def _result(run: _Run, monitor, last: dict, steady, steady_seconds: float, resume: bool):

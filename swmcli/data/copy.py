@@ -22,6 +22,7 @@ from swmcli.data.storage.location import Location, as_location
 from swmcli.data.storage.lock import WriterLock
 from swmcli.data.storage.schema import WRITER_METADATA, check_keys, describe_schema
 from swmcli.errors import DatasetError, UsageError
+from swmcli.names import check_name
 
 
 def _check_destination(src: Location, dst: Location, overwrite: bool) -> None:
@@ -218,9 +219,12 @@ def destination_lock(dst: Location):
 
 
 def check_source(reader, src: Location, dst: Location, keys, overwrite: bool) -> list[str]:
-    """The keys to copy, once ``dst`` may be written and ``src`` holds episodes."""
+    """The keys to copy, once ``dst`` may be written and ``src`` holds episodes; each key is
+    checked to be a plain name before anything is written (it names files and columns)."""
     _check_destination(src, dst, overwrite)
     keys = check_keys(reader.keys, keys, src)
+    for key in keys:
+        check_name(key, f"{src}: the key")
     if reader.num_episodes == 0:
         raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
     return keys

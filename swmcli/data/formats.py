@@ -24,6 +24,7 @@ from swmcli.data.foreign.reader import detect as detect_foreign
 from swmcli.data.foreign.reader import open_reader as open_foreign
 from swmcli.data.storage import folder, hdf5, lance
 from swmcli.data.storage import location as loc
+from swmcli.data.storage.containment import check_tree
 from swmcli.data.storage.location import Location, as_location
 from swmcli.data.storage.lock import WriterLock
 from swmcli.data.storage.schema import FOLDER_METADATA, Reader, Writer
@@ -45,6 +46,7 @@ def detect(path: str | Path) -> str:
         raise MissingPathError(
             f"no dataset at {path}", hint="check the path (collect one with `swm collect`)"
         )
+    check_tree(path)  # before any of its files is read: no link leads out of it
     if foreign_format := detect_foreign(path):  # another tool's layout (bring your data)
         return foreign_format
     if path.is_file():

@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 from swmcli.envs.plugins import env_name, plugin_for
-from swmcli.errors import BudgetExceeded, UsageError, first_line
+from swmcli.errors import BudgetExceeded, UsageError, blame_user, first_line, remember_user_file
 from swmcli.host import available_host_bytes
 from swmcli.units import format_bytes
 
@@ -54,26 +54,71 @@ def make_env(
             hint=f"use --resolution {MIN_RESOLUTION} or more (64 and 224 are the usual sizes)",
         )
     _check_frame_memory(resolution)
-    with _usage_errors(env_id):
+    _remember_env_module(env_id)
+    with _usage_errors(env_id, kwargs):
         if env_id == TWOROOM_ID:
             env = gym.make(
                 env_id,
                 resolution=resolution,
                 render_mode="rgb_array",
                 max_episode_steps=max_episode_steps,
+                **(kwargs or {}),
             )
         else:
+            _quiet_pygame()
             inner = gym.make(
                 env_id,
                 render_mode="rgb_array",
                 max_episode_steps=max_episode_steps,
                 **(kwargs or {}),
             )
+            remember_env_class(inner)
             _check_renders(inner, env_id)
             env = PixelObservation(_unit_actions(inner), resolution)
         env.reset(seed=seed)
         env.action_space.seed(seed)
     return env
+
+
+def _remember_env_module(env_id: str) -> None:
+    """For ``module:Id``, check its form and note ``module``'s file as the user's code (its
+    errors, even while it imports, are then named as theirs)."""
+    import importlib.util
+
+    module, sep, name = env_id.rpartition(":")
+    if not sep:
+        return
+    if not name or not all(part.isidentifier() for part in module.split(".")):
+        raise UsageError(
+            f"--env {env_id!r} is not a gymnasium id nor module:Id",
+            hint="e.g. --env CartPole-v1, or --env my_package.envs:MyEnv-v0",
+        )
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return  # gymnasium says it, as for any missing module
+    remember_user_file(spec.origin if spec else None)
+
+
+def remember_env_class(env) -> None:
+    """Note the file of ``env``'s class as the user's code, unless gymnasium or swm wrote it."""
+    import contextlib
+    import inspect
+
+    module = type(env.unwrapped).__module__.split(".")[0]
+    if module not in ("gymnasium", "swmcli"):
+        with contextlib.suppress(TypeError):  # a class defined in C has no file
+            remember_user_file(inspect.getfile(type(env.unwrapped)))
+
+
+def _quiet_pygame() -> None:
+    """Envs drawn with pygame (gymnasium's classic control) initialise its display and audio,
+    which print 'error: XDG_RUNTIME_DIR is invalid' on a machine without a desktop: swm draws
+    off-screen (rgb_array), so they get SDL's dummy drivers unless the user chose others."""
+    import os
+
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
 
 def _check_renders(env, env_id: str) -> None:
@@ -222,10 +267,18 @@ def _vector_spaces(space) -> dict[str, gym.spaces.Box]:
 
 
 @contextmanager
-def _usage_errors(env_id: str):
+def _usage_errors(env_id: str, kwargs: dict | None = None):
     """Turns gymnasium's failures to make or render ``env_id`` into one-line UsageErrors."""
     try:
         yield
+    except TypeError as error:
+        if not kwargs or "argument" not in str(error) or blame_user(error) is not None:
+            raise
+        raise UsageError(
+            f"{env_id} does not take env.kwargs {kwargs}: {first_line(error)}",
+            hint="give only the keyword arguments its constructor takes (swm sets render_mode, "
+            "max_episode_steps and TwoRoom's resolution itself)",
+        ) from error
     except gym.error.DependencyNotInstalled as error:
         raise UsageError(
             f"{env_id} needs a package that is not installed: {first_line(error)}",

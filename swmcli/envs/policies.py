@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 from collections.abc import Callable
 
 import numpy as np
 
 from swmcli.envs.plugins import plugin_for
-from swmcli.errors import UsageError
+from swmcli.errors import UsageError, remember_user_file
 
 POLICIES = ("random", "expert")
 
@@ -44,6 +45,8 @@ def _factory_policy(name: str, env, seed: int) -> Callable[[dict], np.ndarray]:
     """``module:factory``'s policy: ``factory(env, seed)``, checked to be a callable."""
     module_name, _, attribute = name.partition(":")
     try:
+        spec = importlib.util.find_spec(module_name)
+        remember_user_file(spec.origin if spec else None)  # its errors are named as the user's
         module = importlib.import_module(module_name)
     except ImportError as error:
         missing = (error.name or module_name).split(".")[0]

@@ -1,9 +1,10 @@
 """A policy rolled out in an env, row by row, laid out as datasets store it.
 
 Row t of an episode holds observation t, what the env reported on arriving there (``reward``,
-``terminated``, ``truncated``; zero and False on the first row) and the action taken from it; the
-last row's action is NaN. ``swm collect`` writes these rows; ``swm memprofile`` samples a few
-episodes of them to size the buffer and the disk.
+``terminated``, ``truncated``; zero and False on the first row) and the action taken from it: the
+one the env executed (a policy's Box action clipped to the space's bounds), not the one the policy
+returned; the last row's action is NaN. ``swm collect`` writes these rows; ``swm memprofile``
+samples a few episodes of them to size the buffer and the disk.
 """
 
 from collections.abc import Iterator, Mapping
@@ -14,6 +15,7 @@ import numpy as np
 from swmcli.config import SwmConfig, with_settings
 from swmcli.envs.make import make_env
 from swmcli.envs.policies import make_policy
+from swmcli.errors import UsageError, shown_path
 
 
 def step_row(obs: Mapping[str, Any], action: np.ndarray, reward: float, term: bool, trunc: bool):
@@ -83,13 +85,58 @@ def episode_rows(
     obs, _ = env.reset(seed=seed)
     reward, term, trunc, length = 0.0, False, False, 0
     while not (term or trunc or (limit is not None and length + 1 >= limit)):
-        raw = policy(obs)
+        executed = executed_action(env.action_space, policy(obs), policy)
         yield step_row(
-            obs, np.asarray(raw, dtype=np.float32).reshape(action_dim), reward, term, trunc
+            obs, np.asarray(executed, dtype=np.float32).reshape(action_dim), reward, term, trunc
         )
         length += 1
-        obs, reward, term, trunc, _ = env.step(raw)
+        obs, reward, term, trunc, _ = env.step(executed)
     yield step_row(obs, np.full(action_dim, np.nan, np.float32), reward, term, trunc or not term)
+
+
+def executed_action(space, action, policy=None):
+    """The action the env executes for what ``policy`` returned, which is what a dataset
+    records: a Box action clipped to the space's bounds (TwoRoom would clip it itself; a
+    rescaled env would refuse it), a Discrete one as the integer it names. Anything the space
+    cannot hold (text, NaN, another shape, a number out of a discrete range) is a UsageError
+    naming the policy."""
+    import gymnasium as gym
+
+    try:
+        if isinstance(space, gym.spaces.Box):
+            value = np.asarray(action, dtype=np.float64)
+            if value.size == int(np.prod(space.shape)) and np.isfinite(value).all():
+                value = value.reshape(space.shape)
+                return np.clip(value, space.low, space.high).astype(space.dtype)
+        elif isinstance(space, gym.spaces.Discrete):
+            value = np.asarray(action)
+            whole = value.size == 1 and value.dtype.kind in "iuf" and float(value) == int(value)
+            if whole and space.start <= int(value) < space.start + space.n:
+                return np.int64(int(value))
+        elif space.contains(action):
+            return action
+    except (TypeError, ValueError, OverflowError):
+        pass
+    raise UsageError(
+        f"the policy {describe_callable(policy)} returned {_shown(action)}, which the env's "
+        f"action space {space} cannot take",
+        hint="return a finite number per action dimension (numpy array of the space's shape); "
+        "Box actions outside the bounds are clipped to them",
+    )
+
+
+def describe_callable(function) -> str:
+    """``name (file:line)`` of a Python function (a policy), else its type's name."""
+    code = getattr(function, "__code__", None)
+    name = getattr(function, "__qualname__", type(function).__name__)
+    if code is None:
+        return name
+    return f"{name} ({shown_path(code.co_filename)}:{code.co_firstlineno})"
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return (text[:60] + "...") if len(text) > 60 else text
 
 
 def cut_episode(episode: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:

@@ -32,8 +32,9 @@ import torch
 from torch import nn
 
 from swmcli.config import SwmConfig
-from swmcli.errors import UsageError
+from swmcli.errors import UsageError, remember_user_file
 from swmcli.models.losses import jepa_loss
+from swmcli.models.outputs import check_trainable, loss_checked
 from swmcli.models.world_model import build_world_model
 
 REQUIRED_METHODS = {
@@ -63,6 +64,8 @@ def load_factory(spec: str):
 
 def _import_module(name: str):
     try:
+        spec = importlib.util.find_spec(name)
+        remember_user_file(spec.origin if spec else None)  # a failing import is theirs too
         return importlib.import_module(name)
     except ModuleNotFoundError as error:
         raise UsageError(
@@ -77,6 +80,7 @@ def _import_file(path: Path):
     # A stable name per file, so every rank, the fake-tensor tracer and copies see one module.
     name = "swm_model_" + "_".join(path.resolve().with_suffix("").parts[1:])
     if name not in sys.modules:
+        remember_user_file(str(path))
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
@@ -102,14 +106,24 @@ def build_model(model_cfg, shape: dict[str, int]) -> nn.Module:
     frameskip, history_len): swm's own, or what ``model_cfg.factory`` returns; checked against
     the protocol."""
     if model_cfg.factory is None:
-
         return build_world_model(model_cfg, **shape)
     factory = load_factory(model_cfg.factory)
     parameters = inspect.signature(factory).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     offered = {key: value for key, value in shape.items() if takes_all or key in parameters}
-    model = factory(**{**offered, **model_cfg.kwargs})
+    arguments = {**offered, **model_cfg.kwargs}
+    try:
+        inspect.signature(factory).bind(**arguments)
+    except TypeError as error:
+        raise UsageError(
+            f"--model {model_cfg.factory}: {factory.__name__}() cannot be called with "
+            f"{sorted(arguments)}: {error}",
+            hint="give model.kwargs only the arguments it takes (--set model.kwargs.NAME=...); "
+            "swm offers resolution, action_dim, frameskip and history_len to those that name them",
+        ) from None
+    model = factory(**arguments)
     check_protocol(model, model_cfg.factory)
+    check_trainable(model)
     return model
 
 
@@ -142,16 +156,8 @@ class Objective(nn.Module):
         """The loss terms of a device batch; ``loss`` is the one minimized."""
         own_loss = getattr(self.model, "loss", None)
         if own_loss is None:
-
             return jepa_loss(self.model, batch, **self.jepa)
-        terms = own_loss(batch)
-        if not isinstance(terms, dict) or "loss" not in terms:
-            raise UsageError(
-                f"{type(self.model).__name__}.loss(batch) returned {type(terms).__name__} "
-                "without a 'loss' entry",
-                hint='return {"loss": scalar tensor, ...other scalars to log}',
-            )
-        return terms
+        return loss_checked(self.model, own_loss(batch))
 
 
 def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:

@@ -15,6 +15,7 @@ to zero (collapse). Two regularizers are offered:
 import torch
 
 from swmcli.models.global_batch import gather_rows
+from swmcli.models.outputs import encode_checked, predict_checked
 from swmcli.models.rollout import rollout
 
 SIGREG_SLICES = 256  # random directions per step
@@ -89,9 +90,9 @@ def jepa_loss(
     ``regularizer``, ``rollout`` (when used) and ``latent_rank`` (effective rank of the batch's
     latents; near 1 = collapse).
     """
-    latents = model.encode(batch["pixels"])
+    latents = encode_checked(model, batch["pixels"])
     actions = batch["action"][:, :-1].float()
-    predicted = model.predict(latents[:, :-1], actions)
+    predicted = predict_checked(model, latents[:, :-1], actions)
     prediction = prediction_loss(predicted, latents[:, 1:])
     # The regularizer is a statistic of the whole batch: every rank's latents under DDP.
     flat = gather_rows(latents.reshape(-1, latents.shape[-1]))

@@ -6,6 +6,8 @@ What planning scores (``planning.planners``) and what the multi-step loss trains
 
 import torch
 
+from swmcli.models.outputs import predict_checked
+
 
 def rollout(model, history: torch.Tensor, past_actions: torch.Tensor, plans: torch.Tensor):
     """Imagine the latents that action plans lead to, feeding predictions back in.
@@ -22,7 +24,7 @@ def rollout(model, history: torch.Tensor, past_actions: torch.Tensor, plans: tor
         actions = torch.cat([actions, plans[:, step : step + 1]], dim=1)
         if window is not None:
             latents, actions = latents[:, -window:], actions[:, -window:]
-        following = model.predict(latents, actions)[:, -1:]
+        following = predict_checked(model, latents, actions)[:, -1:]
         predictions.append(following)
         latents = torch.cat([latents, following], dim=1)
     return torch.cat(predictions, dim=1)

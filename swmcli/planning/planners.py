@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from swmcli.models.outputs import encode_checked
 from swmcli.models.rollout import rollout
 
 INITIAL_STD = 1.0  # actions live in [-1, 1]: start wide, CEM narrows it
@@ -138,13 +139,13 @@ class RecedingHorizon:
     def reset(self, goal_pixels: torch.Tensor) -> None:
         """A new episode: encode the goal image ``(H, W, 3)`` uint8 on the device."""
         device = goal_pixels.device
-        self.goal = self.model.encode(goal_pixels[None])
+        self.goal = encode_checked(self.model, goal_pixels[None])
         self.mean = torch.zeros(self.settings.horizon, self.block, device=device)
         self.generator = torch.Generator(device=device).manual_seed(self.seed)
 
     def act(self, pixels: torch.Tensor) -> torch.Tensor:
         """The blocks ``(replan_every, block)`` to execute now, from the frame ``(H, W, 3)``."""
-        latent = self.model.encode(pixels[None])
+        latent = encode_checked(self.model, pixels[None])
         plan = self.plan_once(
             self.model, latent, self.goal, self.mean, self.settings, self.generator
         )

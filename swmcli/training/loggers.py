@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from swmcli.config import CONFIG_FILE
-from swmcli.errors import SwmError
+from swmcli.errors import SwmError, first_line
 
 TENSORBOARD_DIR = "tensorboard"
 WANDB_ID_FILE = "wandb-run-id"
@@ -138,11 +138,35 @@ def open_loggers(
     backends = []
     try:
         for name in names:
-            backends.append(_BACKENDS[name](Path(run_dir), first_step))
+            with logger_errors(name, "start"):
+                backends.append(_BACKENDS[name](Path(run_dir), first_step))
         yield RunLoggers(backends)
     finally:
-        for backend in backends:
-            backend.close()
+        for name, backend in zip(names, backends, strict=False):
+            with logger_errors(name, "finish"):
+                backend.close()
+
+
+_LOGGER_HINTS = {
+    "wandb": "run `wandb login` (or set WANDB_API_KEY); WANDB_MODE=offline logs without an "
+    "account; or drop --logger wandb",
+    "tensorboard": "check that the run directory is writable, or drop --logger tensorboard",
+}
+
+
+@contextmanager
+def logger_errors(name: str, doing: str) -> Iterator[None]:
+    """An error of the logging package (W&B without a key, a full disk) as one line naming it,
+    never as a bug in swm; metrics.jsonl holds every figure whatever the logger does."""
+    try:
+        yield
+    except SwmError:
+        raise
+    except Exception as error:
+        raise SwmError(
+            f"--logger {name} could not {doing}: {type(error).__name__}: {first_line(error)}",
+            hint=_LOGGER_HINTS[name],
+        ) from error
 
 
 def log_once(

@@ -71,3 +71,14 @@ def _is_dataset(path: Path) -> bool:
     except SwmError:
         return False
     return True
+
+
+def stopped_after(step: int, run_dir: Path, world) -> None:
+    """Leave after an interrupted ``step`` (checkpointed): rank 0 reports it for every rank."""
+    if not world.is_main:
+        raise SystemExit(130)
+    raise SwmError(
+        f"interrupted after step {step}: checkpoint saved in {run_dir}",
+        hint=f"swm train --out {run_dir} --resume continues from step {step}",
+        exit_code=130,
+    )

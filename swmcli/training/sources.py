@@ -161,6 +161,7 @@ def open_training_data(cfg: SwmConfig):
         )
 
     everything = load(None)
+    usable = check_usable(everything.keys, cfg.data.path)
     total = len(everything.episode_lengths)
     episodes, _ = heldout_split(total, cfg.eval.heldout_episodes)
     if not episodes:
@@ -179,7 +180,38 @@ def open_training_data(cfg: SwmConfig):
             hint=f"lower --batch-size to at most {len(dataset) // cfg.train.grad_accum}, "
             "or collect more episodes",
         )
-    return dataset, episodes, dict(everything.metadata)
+    return dataset, episodes, {**everything.metadata, **usable}
+
+
+def check_usable(schema, path) -> dict[str, int]:
+    """The resolution and action_dim of data swm can train on (square RGB uint8 frames, float
+    actions of one dimension); else one "cannot use" line naming the key and what is supported."""
+    dtype, shape = np.dtype(schema["pixels"][0]), tuple(schema["pixels"][1])
+    fix = _FRAME_FIXES.get(shape[2:]) if len(shape) == 3 else None
+    if dtype != np.uint8:
+        fix = "store frames as uint8 (0..255)"
+    elif len(shape) == 3 and shape[2] == 3 and shape[0] != shape[1]:
+        fix = f"crop or resize the {shape[0]}x{shape[1]} frames to a square"
+    if fix is not None or len(shape) != 3:
+        raise UsageError(
+            f"cannot use pixels {dtype.name} {shape} of {path}: swm trains on square RGB frames, "
+            "uint8 of shape (N, N, 3)",
+            hint=fix or "give pixels the shape (N, N, 3)",
+        )
+    dtype, action = np.dtype(schema["action"][0]), tuple(schema["action"][1])
+    if dtype.kind != "f" or len(action) != 1:
+        raise UsageError(
+            f"cannot use action {dtype.name} {action} of {path}: swm trains on float actions "
+            "of shape (A,) (one vector a step, NaN after an episode's last observation)",
+            hint="store each step's action as one vector of floats (a single number as shape (1,))",
+        )
+    return {"resolution": shape[0], "action_dim": int(np.prod(action))}
+
+
+_FRAME_FIXES = {
+    (1,): "convert the grayscale frames to RGB (3 channels)",
+    (4,): "drop the alpha channel (RGBA -> RGB)",
+}
 
 
 PASSES_WARNING = 50  # more passes than this over the training clips and the model memorises them

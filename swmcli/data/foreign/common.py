@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from swmcli.data.storage.schema import Schema
-from swmcli.errors import DatasetError, first_line
+from swmcli.errors import DatasetError, SwmError, UsageError, first_line
 
 UPSTREAM_LANCE = "stable-worldmodel-lance"
 
@@ -66,7 +66,7 @@ def reading(path, on_error: Callable[[], None] | None = None):
     except BaseException as error:
         if on_error is not None:
             on_error()
-        if isinstance(error, DatasetError) or not isinstance(error, Exception):
+        if isinstance(error, SwmError) or not isinstance(error, Exception):
             raise
         raise DatasetError(f"cannot read {path}: {first_line(error)}", DAMAGED_HINT) from None
 
@@ -75,30 +75,45 @@ def check_stored(name: str, claimed_bytes: int, stored_bytes: int, where, ratio:
     """Refuse a header that claims more bytes than are stored (times ``ratio`` for compressed
     data): what a hostile or truncated file would otherwise make swm allocate."""
     if claimed_bytes > max(stored_bytes, 0) * ratio:
+        compressed = f" (compressed, they expand at most {ratio}x)" if ratio > 1 else ""
         raise DatasetError(
-            f"{where}: {name} claims {claimed_bytes} bytes but only {stored_bytes} are stored",
+            f"{where}: {name} claims {claimed_bytes} bytes but only {stored_bytes} are "
+            f"stored{compressed}",
             DAMAGED_HINT,
         )
 
 
+HDF5_EXPANSION = 1000  # what a chunk through HDF5's filters (gzip, LZ4, ...) expands to at most
+
+
+def check_hdf5_stored(name: str, dataset, where) -> None:
+    """``check_stored`` for an h5py dataset: its shape's bytes against the bytes the file holds
+    for it (times ``HDF5_EXPANSION`` when it goes through a filter)."""
+    claimed = int(np.prod(dataset.shape, dtype=np.int64)) * dataset.dtype.itemsize
+    filtered = dataset.id.get_create_plist().get_nfilters() > 0
+    ratio = HDF5_EXPANSION if filtered else 1
+    check_stored(name, claimed, dataset.id.get_storage_size(), where, ratio)
+
+
 def check_lengths(lengths: np.ndarray, rows: int, where) -> np.ndarray:
-    """Episode lengths that are positive and add up to the rows stored."""
+    """Episode lengths that are positive and add up to the rows stored; none at all is an empty
+    dataset, said as such (not as damage)."""
     lengths = np.asarray(lengths)
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
         raise DatasetError(f"{where}: the episode lengths are not a list of integers", DAMAGED_HINT)
+    if not len(lengths):
+        raise UsageError(f"{where} holds no episodes", hint="nothing to read in it")
     lengths = lengths.astype(np.int64)
-    if np.any(lengths <= 0) or int(lengths.sum()) != rows:
+    if np.any(lengths <= 0):
+        bad = int(np.flatnonzero(lengths <= 0)[0])
+        raise DatasetError(
+            f"{where}: episode {bad} has {int(lengths[bad])} rows (an episode has at least one)",
+            DAMAGED_HINT,
+        )
+    if int(lengths.sum()) != rows:
         raise DatasetError(
             f"{where}: episode lengths add up to {int(lengths.sum())} rows, {rows} are stored",
             DAMAGED_HINT,
         )
     return lengths
 
-
-def inside(root: Path, relative: str) -> Path:
-    """``root / relative``, refused when it would lead out of ``root`` (a dataset naming
-    ``../../etc/passwd`` or an absolute path)."""
-    target = (root / relative).resolve()
-    if not target.is_relative_to(root.resolve()):
-        raise DatasetError(f"{root}: names a path outside the dataset ({relative})", DAMAGED_HINT)
-    return target

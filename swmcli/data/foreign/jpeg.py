@@ -57,6 +57,23 @@ def decode(blobs: list[bytes], shape: tuple[int, ...], where) -> np.ndarray:
     return out
 
 
+def codec(blob: bytes) -> tuple[str, bool]:
+    """What a frame's bytes are, as ``swm info`` says it, and whether that codec is lossy:
+    ``JPEG quality 95``, ``JPEG (quality unknown)``, ``PNG (lossless)``, another image format."""
+    from PIL import Image
+
+    try:
+        kind = Image.open(io.BytesIO(blob)).format
+    except Exception:
+        kind = None
+    if kind == "JPEG" or kind is None:
+        setting = quality(blob)
+        return (f"JPEG quality {setting}" if setting else "JPEG (quality unknown)"), True
+    if kind == "PNG":
+        return "PNG (lossless)", False
+    return kind, kind not in ("BMP", "TIFF", "PPM")
+
+
 def quality(blob: bytes) -> int | None:
     """The IJG quality setting (1..100) that produced this JPEG's luminance table, or None when
     it matches no setting exactly (another encoder, a custom table, not a JPEG)."""

@@ -16,21 +16,26 @@ rows the parquet files hold; a video's frame size must be the one ``info.json`` 
 """
 
 import json
+import re
 import string
 from pathlib import Path
 
 import numpy as np
 
-from swmcli.data.foreign.common import DAMAGED_HINT, LEROBOT, inside, reading
+from swmcli.data.foreign.common import DAMAGED_HINT, LEROBOT, reading
 from swmcli.data.foreign.jpeg import MAX_SIDE
-from swmcli.data.foreign.video import codec_name, decode_at
-from swmcli.errors import DatasetError
+from swmcli.data.foreign.video import check_decoded, codec_name, decode_at
+from swmcli.data.storage.containment import inside
+from swmcli.errors import DatasetError, UsageError
 
 _INDEX_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 _ARRIVAL = {"next.reward": "reward", "next.done": "terminated", "next.truncated": "truncated"}
 _KEYS = {"observation.state": "proprio", "observation.environment_state": "state", **_ARRIVAL}
 _NUMBERS = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 _TEMPLATE_FIELDS = {"chunk_index", "file_index", "video_key", "episode_index"}
+_MAX_TEMPLATE, _MAX_WIDTH = 1024, 20  # characters of a path template; digits of one field
+_MAX_DIMS = 8
+_LIST_LEAVES = ("list.element", "list.item", "element", "item")  # a list column's leaf, by writer
 _MAX_INFO_BYTES = 4 * 2**20
 _CONVENTION = "LeRobot: frame t = observation, action taken at it, next.reward/next.done after it"
 _ALIGNMENT = (
@@ -40,18 +45,23 @@ _ALIGNMENT = (
 
 
 def detect(path: Path) -> str | None:
-    """LEROBOT for a directory whose meta/info.json says codebase_version v3.x."""
+    """LEROBOT for a directory whose meta/info.json says codebase_version v3.x; a LeRobot dataset
+    of another version is a UsageError saying so (swm reads v3 only)."""
     info = path / "meta" / "info.json"
     if not path.is_dir() or not info.is_file() or info.stat().st_size > _MAX_INFO_BYTES:
         return None
     try:
-        return (
-            LEROBOT
-            if str(json.loads(info.read_text())["codebase_version"]).startswith("v3")
-            else None
-        )
-    except (ValueError, KeyError, TypeError):
+        version = str(json.loads(info.read_text())["codebase_version"])
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
+    if version.startswith("v3"):
+        return LEROBOT
+    raise UsageError(
+        f"{path} is a LeRobot {version} dataset: swm reads LeRobot v3 datasets "
+        "(codebase_version v3.x) only",
+        hint="convert it with LeRobot's own script: python -m "
+        "lerobot.datasets.v30.convert_dataset_v21_to_v30 --repo-id=ID --root=PATH",
+    )
 
 
 def open_source(path: Path):
@@ -59,13 +69,25 @@ def open_source(path: Path):
 
 
 def _template(info: dict, key: str, where) -> str:
-    """A path template of info.json, refused if it names anything but the known fields."""
+    """A path template of info.json, refused if it names anything but the known fields, or
+    formats them other than as a number of at most ``_MAX_WIDTH`` digits (``{chunk_index:03d}``;
+    a width of 400,000,000 would make a 400 MB path)."""
     template = info.get(key)
-    if not isinstance(template, str):
-        raise DatasetError(f"{where}: info.json has no {key}", DAMAGED_HINT)
-    for _, field, _, _ in string.Formatter().parse(template):
-        if field is not None and field not in _TEMPLATE_FIELDS:
+    if not isinstance(template, str) or len(template) > _MAX_TEMPLATE:
+        raise DatasetError(f"{where}: info.json has no usable {key}", DAMAGED_HINT)
+    for _, field, spec, conversion in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if field not in _TEMPLATE_FIELDS:
             raise DatasetError(f"{where}: {key} names the field {field!r}", DAMAGED_HINT)
+        width = re.fullmatch(r"0?(\d{0,3})d?", spec or "")
+        if conversion or width is None or int(width.group(1) or 0) > _MAX_WIDTH:
+            shown = f"{spec!r}" + (f" !{conversion}" if conversion else "")
+            raise DatasetError(
+                f"{where}: {key} formats {field} as {shown} (swm takes a number of at most "
+                f"{_MAX_WIDTH} digits, e.g. {{{field}:03d}})",
+                DAMAGED_HINT,
+            )
     return template
 
 
@@ -84,9 +106,9 @@ class LeRobotSource:
         features = info["features"]
         self._videos, self.columns, dropped = {}, {}, {}
         for name, feature in features.items():
-            dtype, shape = feature.get("dtype"), tuple(int(n) for n in feature.get("shape", ()))
             if name in _INDEX_FEATURES:
                 continue
+            dtype, shape = feature.get("dtype"), _declared_shape(name, feature, self.path)
             if dtype == "video":
                 self._videos[name] = _frame_shape(shape, feature.get("names"), self.path)
                 self.columns[name] = (np.dtype(np.uint8), self._videos[name])
@@ -101,9 +123,11 @@ class LeRobotSource:
         self._video_template = _template(info, "video_path", self.path) if self._videos else None
         self._episodes = self._read_episodes(info)
         self.lengths = self._episodes["length"]
+        self._check_stored()
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
         self._files = {}  # data file -> (sorted global indices, their rows in the file)
         self._cache = {}  # (data file, column) -> its values
+        self._video_frames = {}  # (video key, file) -> frames of the episodes it holds
         codecs = sorted({self._codec(name) for name in self._videos})
         self.defaults = self._default_keys(info.get("swm_keys"))
         self.info = {
@@ -136,12 +160,26 @@ class LeRobotSource:
         order = np.argsort(episodes["episode_index"], kind="stable")
         episodes = {name: values[order] for name, values in episodes.items()}
         count = len(order)
+        if count == 0:
+            raise UsageError(f"{self.path} holds no episodes", hint="nothing to read in it")
         if not np.array_equal(episodes["episode_index"], np.arange(count)):
             raise DatasetError(f"{self.path}: episode_index is not 0..{count - 1}", DAMAGED_HINT)
         lengths = episodes["length"].astype(np.int64)
-        spans = episodes["dataset_to_index"] - episodes["dataset_from_index"]
-        if np.any(lengths <= 0) or not np.array_equal(spans, lengths):
+        starts, ends = episodes["dataset_from_index"], episodes["dataset_to_index"]
+        if np.any(lengths <= 0) or not np.array_equal(ends - starts, lengths):
             raise DatasetError(f"{self.path}: episode lengths and data ranges differ", DAMAGED_HINT)
+        if starts.min() < 0:
+            raise DatasetError(f"{self.path}: an episode starts at a negative row", DAMAGED_HINT)
+        by_start = np.argsort(starts, kind="stable")
+        overlap = np.flatnonzero(starts[by_start][1:] < ends[by_start][:-1])
+        if len(overlap):
+            first, second = by_start[overlap[0]], by_start[overlap[0] + 1]
+            raise DatasetError(
+                f"{self.path}: the rows of episodes {first} and {second} overlap "
+                f"({starts[first]}..{ends[first] - 1} and {starts[second]}..{ends[second] - 1}): "
+                "a frame would belong to two episodes",
+                DAMAGED_HINT,
+            )
         total = info.get("total_frames")
         if total is not None and int(total) != int(lengths.sum()):
             raise DatasetError(
@@ -150,6 +188,41 @@ class LeRobotSource:
             )
         episodes["length"] = lengths
         return episodes
+
+    def _check_stored(self) -> None:
+        """What ``info.json`` and the episode index claim, against what the parquet files hold
+        (their footers only): every episode's rows are in its data file, and every numeric
+        feature holds the values a row its shape declares. Nothing is allocated for a claim
+        before it is checked."""
+        import pyarrow.parquet as pq
+
+        files = {self._data_file(e): [] for e in range(len(self.lengths))}
+        for episode in range(len(self.lengths)):
+            files[self._data_file(episode)].append(episode)
+        for file, episodes in files.items():
+            footer = pq.ParquetFile(file).metadata
+            claimed = int(self.lengths[episodes].sum())
+            if claimed > footer.num_rows:
+                raise DatasetError(
+                    f"{file}: its episodes claim {claimed} rows, it holds {footer.num_rows}",
+                    DAMAGED_HINT,
+                )
+        footer = pq.ParquetFile(self._data_file(0)).metadata
+        for name, (_, shape) in self.columns.items():
+            if name in self._videos:
+                continue
+            per_row = _values_per_row(footer, name)
+            if per_row is None:
+                raise DatasetError(
+                    f"{self.path}: info.json declares {name}, its data holds no such column",
+                    DAMAGED_HINT,
+                )
+            if per_row != int(np.prod(shape)):
+                raise DatasetError(
+                    f"{self.path}: info.json gives {name} the shape {list(shape) or [1]}, "
+                    f"its data holds {per_row} values a row",
+                    DAMAGED_HINT,
+                )
 
     def _default_keys(self, exported) -> dict[str, str]:
         """swm's keys: an export's own (``swm_keys`` in info.json), else LeRobot's usual names."""
@@ -230,14 +303,21 @@ class LeRobotSource:
         return out
 
     def _frames(self, name: str, episode: int, steps: np.ndarray) -> np.ndarray:
+        video = self._video_file(name, episode)
+        check_decoded(video.stat().st_size, self._frames_in(name, video), self._videos[name], video)
         file = self._data_file(episode)
         indices = self._episodes["dataset_from_index"][episode] + steps
         stamps = self._column(file, "timestamp")[self._positions(file, indices)]
         start = self._episodes[f"videos/{name}/from_timestamp"][episode]
-        return decode_at(
-            self._video_file(name, episode), start + stamps.astype(np.float64), self.fps,
-            self._videos[name],
-        )  # fmt: skip
+        return decode_at(video, start + stamps.astype(np.float64), self.fps, self._videos[name])
+
+    def _frames_in(self, name: str, video: Path) -> int:
+        """Frames of every episode whose ``name`` frames are in the file ``video``."""
+        if (name, video) not in self._video_frames:
+            episodes = range(len(self.lengths))
+            held = [e for e in episodes if self._video_file(name, e) == video]
+            self._video_frames[name, video] = int(self.lengths[held].sum())
+        return self._video_frames[name, video]
 
     def _codec(self, name: str) -> str:
         with reading(self.path):
@@ -257,6 +337,32 @@ class LeRobotSource:
     def close(self) -> None:
         self._cache.clear()
         self._files.clear()
+
+
+def _declared_shape(name: str, feature, where) -> tuple[int, ...]:
+    """A feature's shape as info.json gives it: at most ``_MAX_DIMS`` whole numbers >= 1."""
+    shape = feature.get("shape", []) if isinstance(feature, dict) else None
+    whole = isinstance(shape, list) and all(type(n) is int and n >= 1 for n in shape)
+    if not whole or len(shape) > _MAX_DIMS:
+        raise DatasetError(
+            f"{where}: info.json gives {name} the shape {shape!r} (swm takes at most "
+            f"{_MAX_DIMS} whole numbers of at least 1)",
+            DAMAGED_HINT,
+        )
+    return tuple(shape)
+
+
+def _values_per_row(footer, name: str) -> int | None:
+    """Values a row of the column ``name`` holds, from a parquet footer (None: no such column)."""
+    paths = (name, *(f"{name}.{leaf}" for leaf in _LIST_LEAVES))
+    leaves = [i for i in range(footer.num_columns) if footer.schema.column(i).path in paths]
+    if not leaves or not footer.num_rows:
+        return None
+    values = sum(
+        footer.row_group(group).column(leaves[0]).num_values
+        for group in range(footer.num_row_groups)
+    )
+    return values // footer.num_rows
 
 
 def _frame_shape(shape: tuple, names, where) -> tuple[int, int, int]:

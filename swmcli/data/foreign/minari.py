@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from swmcli.data.foreign import jpeg
-from swmcli.data.foreign.common import DAMAGED_HINT, MINARI, check_stored, reading
-from swmcli.errors import DatasetError
+from swmcli.data.foreign.common import DAMAGED_HINT, MINARI, check_hdf5_stored, reading
+from swmcli.data.storage.containment import check_hdf5
+from swmcli.errors import DatasetError, UsageError
 
 _EPISODE = re.compile(r"episode_(\d+)")
 _ARRIVAL = {"rewards": "reward", "terminations": "terminated", "truncations": "truncated"}
@@ -68,6 +69,7 @@ class MinariSource:
         self._file = None
         with reading(self.path, on_error=self.close):
             self._file = h5py.File(self.path, "r")
+            check_hdf5(self._file, self.path)
             self._open(self._read_metadata())
 
     def _read_metadata(self) -> dict:
@@ -85,6 +87,8 @@ class MinariSource:
         import h5py
 
         indices = sorted(int(m[1]) for name in self._file if (m := _EPISODE.fullmatch(name)))
+        if not indices:
+            raise UsageError(f"{self.path} holds no episodes", hint="nothing to read in it")
         if indices != list(range(len(indices))):
             raise DatasetError(f"{self.path}: episode groups are not episode_0..N-1", DAMAGED_HINT)
         self._episodes = [self._file[f"episode_{i}"] for i in indices]
@@ -116,8 +120,7 @@ class MinariSource:
     def _codec(self, first) -> str:
         if not self._jpeg:
             return "raw (uncompressed)"
-        setting = jpeg.quality(self._blobs(first[self._leaves[min(self._jpeg)]], 0, 1)[0])
-        return f"JPEG quality {setting}" if setting else "JPEG (quality unknown)"
+        return jpeg.codec(self._blobs(first[self._leaves[min(self._jpeg)]], 0, 1)[0])[0]
 
     def _check_episode(self, group) -> int:
         """T+1, after checking every column's length and stored bytes in this episode."""
@@ -130,10 +133,8 @@ class MinariSource:
                     f"{self.path}: {group.name}/{leaf} holds {dataset.shape[:1]} rows, not {want}",
                     DAMAGED_HINT,
                 )
-            claimed = int(np.prod(dataset.shape, dtype=np.int64)) * dataset.dtype.itemsize
-            stored = dataset.id.get_storage_size() * (1000 if dataset.compression else 1)
             if name not in self._jpeg:
-                check_stored(f"{group.name}/{leaf}", claimed, stored, self.path)
+                check_hdf5_stored(f"{group.name}/{leaf}", dataset, self.path)
         return steps + 1
 
     def _column(self, first, name: str):
@@ -141,10 +142,11 @@ class MinariSource:
         if name in self._jpeg:
             blob = self._blobs(dataset, 0, 1)[0]
             return np.dtype(np.uint8), jpeg.frame_shape(blob, f"{self.path} ({name})")
-        dtype = dataset.dtype
-        if name == "actions" and dtype.kind != "f":
-            dtype = np.dtype(np.float32)  # a discrete action is a number; the last row is NaN
-        return dtype, tuple(dataset.shape[1:])
+        dtype, shape = dataset.dtype, tuple(dataset.shape[1:])
+        if name == "actions":  # a discrete action is a number; the last row is NaN
+            dtype = dtype if dtype.kind == "f" else np.dtype(np.float32)
+            shape = shape or (1,)  # one number a step, as swm stores an action
+        return dtype, shape
 
     def _default_keys(self) -> dict[str, str]:
         keys = {"actions": "action", **_ARRIVAL}
@@ -180,7 +182,7 @@ class MinariSource:
             block = jpeg.decode(self._blobs(dataset, low, high), shape, f"{self.path} ({name})")
         else:
             block = dataset[low:high]
-        out[valid] = block[source - low]
+        out[valid] = block[source - low].reshape(-1, *shape)
         return out
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:

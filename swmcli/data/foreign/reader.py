@@ -15,12 +15,14 @@ before they allocate for it (``check_stored``).
 """
 
 from collections.abc import Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from swmcli.data.foreign import lerobot, minari, upstream, upstream_files
 from swmcli.data.foreign.common import (
+    DAMAGED_HINT,
     LEROBOT,
     MINARI,
     UPSTREAM_FOLDER,
@@ -34,10 +36,12 @@ from swmcli.data.storage.schema import (
     INDEX_COLUMNS,
     Schema,
     check_keys,
+    is_image,
     offsets_from_lengths,
     take_rows,
 )
-from swmcli.errors import DatasetError, UsageError
+from swmcli.errors import DatasetError, SwmError, UsageError, first_line
+from swmcli.names import bad_name
 
 _PROVENANCE = ("codec", "lossy", "convention")
 
@@ -67,12 +71,45 @@ def open_reader(path: Path, format: str, mapping: Mapping[str, str] | None = Non
     opener.update({UPSTREAM_FOLDER: upstream_files.open_source})
     opener.update({UPSTREAM_VIDEO: upstream_files.open_source})
     opener.update({MINARI: minari.open_source, LEROBOT: lerobot.open_source})
-    source = opener[format](path)
+    with documented_errors(path):
+        source = opener[format](path)
+        try:
+            return ForeignReader(path, format, source, mapping or {})
+        except BaseException:
+            source.close()
+            raise
+
+
+@contextmanager
+def documented_errors(path: Path):
+    """Whatever a hostile header makes numpy, pyarrow or json raise while a foreign dataset
+    opens (a ValueError, a KeyError, a MemoryError) as swm's own DatasetError: what
+    ``load_dataset`` documents."""
     try:
-        return ForeignReader(path, format, source, mapping or {})
-    except BaseException:
-        source.close()
+        yield
+    except SwmError:
         raise
+    except (ValueError, KeyError, TypeError, IndexError, MemoryError, OverflowError) as error:
+        raise DatasetError(
+            f"cannot read {path}: {type(error).__name__}: {first_line(error)}", DAMAGED_HINT
+        ) from None
+
+
+def _check_key(path: Path, name: str, key: str, given: bool) -> None:
+    """A key names files and columns of what is written from it: checked before any is."""
+    why = bad_name(key)
+    if why is None:
+        return
+    if given:
+        raise UsageError(
+            f"--map {name}={key}: the key {key!r} {why}",
+            hint="map it to a plain name: letters, digits, '_', '-', '.' (no '/', no '..')",
+        )
+    raise DatasetError(
+        f"{path}: its column {name!r} would become the key {key!r}, which {why}",
+        hint="a dataset names its keys with plain names: give this one another with --map "
+        f"'{name}=NAME', or leave it out with --map '{name}='",
+    )
 
 
 def default_key(name: str) -> str:
@@ -99,6 +136,7 @@ class ForeignReader:
             key = mapping.get(name, source.defaults.get(name, default_key(name)))
             if not key:
                 continue
+            _check_key(path, name, key, given=name in mapping)
             if key in self._names or key in INDEX_COLUMNS:
                 raise UsageError(
                     f"{name!r} and {self._names.get(key, 'the index')!r} both map to {key!r}",
@@ -106,6 +144,12 @@ class ForeignReader:
                 )
             self._names[key] = name
         self.keys: Schema = {key: source.columns[name] for key, name in self._names.items()}
+        # Float frames are read as uint8 once, here (x 255, rounded): swm's pixels are bytes.
+        self._float_frames = {
+            k for k, (dtype, shape) in self.keys.items() if is_image(shape) and dtype.kind == "f"
+        }
+        for key in self._float_frames:
+            self.keys[key] = (np.dtype(np.uint8), self.keys[key][1])
         self.episode_lengths = np.asarray(source.lengths, dtype=np.int64)
         self.episode_offsets = offsets_from_lengths(self.episode_lengths)
         self.num_episodes = len(self.episode_lengths)
@@ -124,6 +168,11 @@ class ForeignReader:
         }
         if left_out:
             self.metadata["left_out_by_map"] = left_out
+        if self._float_frames:
+            self.metadata["frame_conversion"] = (
+                f"{', '.join(sorted(self._float_frames))}: float values in [0, 1] read as uint8 "
+                "(x 255, rounded)"
+            )
 
     @property
     def nbytes_on_disk(self) -> int:
@@ -133,7 +182,21 @@ class ForeignReader:
         """Rows (global, swm convention) of one key."""
         rows = self._check_rows(rows)
         check_keys(self.keys, [key], self.path)
-        return take_rows(self._source.read(self._names[key], rows), None, out)
+        return take_rows(self._as_read(key, self._source.read(self._names[key], rows)), None, out)
+
+    def _as_read(self, key: str, values: np.ndarray) -> np.ndarray:
+        """Float frames as uint8; values outside [0, 1] (or NaN) refused, never wrapped."""
+        if key not in self._float_frames:
+            return values
+        finite = not values.size or np.isfinite(values).all()
+        if not finite or (values.size and not 0 <= values.min() <= values.max() <= 1):
+            raise DatasetError(
+                f"{self.path}: {key} holds float frames with values outside [0, 1] (from "
+                f"{np.nanmin(values):.4g} to {np.nanmax(values):.4g}): swm reads float frames as "
+                "[0, 1]",
+                hint="store frames as uint8 (0..255), or as floats in [0, 1]",
+            )
+        return np.rint(values * 255).astype(np.uint8)
 
     def _check_rows(self, rows) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
@@ -149,7 +212,7 @@ class ForeignReader:
         rows = self._check_rows(rows)
         check_keys(self.keys, keys, self.path)
         values = many([self._names[key] for key in keys], rows)
-        return {key: values[self._names[key]] for key in keys}
+        return {key: self._as_read(key, values[self._names[key]]) for key in keys}
 
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         if not 0 <= index < self.num_episodes:

@@ -25,15 +25,16 @@ from swmcli.data.foreign.common import (
     DAMAGED_HINT,
     UPSTREAM_HDF5,
     UPSTREAM_LANCE,
+    check_hdf5_stored,
     check_lengths,
-    check_stored,
     is_hdf5,
     reading,
 )
 from swmcli.data.foreign.video import LanceVideos
+from swmcli.data.storage.containment import check_hdf5
 from swmcli.data.storage.lance import _mark_opened
-from swmcli.data.storage.schema import FOLDER_METADATA
-from swmcli.errors import DatasetError
+from swmcli.data.storage.schema import FOLDER_METADATA, schema_from_json
+from swmcli.errors import DatasetError, UsageError, first_line
 
 EXPORT_KEY = "swm_export"  # swm's schema, kept by an export so a re-import restores it exactly
 _SIDE_TABLES = ("_episodes.lance", "_videos.lance")
@@ -106,6 +107,29 @@ def _convention(last_actions: np.ndarray | None, first_steps: np.ndarray | None)
     return f"mixed: {int((~missing).sum())} of {len(missing)} episodes end on a real action"
 
 
+def step_order(steps: np.ndarray, lengths: np.ndarray, where) -> np.ndarray | None:
+    """The stored rows in ``step_idx`` order within each episode (row t of swm's episode is
+    stored row ``order[offset + t]``); None when they are stored in that order already. Refused
+    unless each episode's ``step_idx`` is a permutation of consecutive steps (a repeated or a
+    missing step cannot be put in order)."""
+    steps = np.asarray(steps, dtype=np.int64).reshape(-1)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    episode = np.repeat(np.arange(len(lengths)), lengths)
+    order = np.lexsort((steps, episode))
+    ordered = steps[order]
+    expected = ordered[offsets][episode] + np.arange(len(steps)) - offsets[episode]
+    wrong = np.flatnonzero(ordered != expected)
+    if len(wrong):
+        bad = int(episode[wrong[0]])
+        shown = steps[offsets[bad] : offsets[bad] + min(int(lengths[bad]), 8)].tolist()
+        raise DatasetError(
+            f"{where}: step_idx of episode {bad} ({shown}...) is not a permutation of "
+            "consecutive steps: its rows cannot be put in order",
+            DAMAGED_HINT,
+        )
+    return None if np.array_equal(order, np.arange(len(steps))) else order
+
+
 class _Alignment:
     """The two fixes that bring either convention to swm's, applied to rows as they are read."""
 
@@ -114,7 +138,8 @@ class _Alignment:
         self.first_rows, self.last_rows = offsets, offsets + lengths - 1
 
     def apply(self, name: str, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
-        if name == "action" and values.dtype.kind == "f":
+        if name == "action":  # an integer action is read as a float, so its last row is NaN
+            values = values.astype(_as_action(name, values.dtype), copy=False)
             values[np.isin(rows, self.last_rows)] = np.nan
         elif name == "reward" and values.dtype.kind == "f":
             first = np.isin(rows, self.first_rows) & np.isnan(values.reshape(len(rows), -1)[:, 0])
@@ -148,8 +173,7 @@ class UpstreamLance:
         _mark_opened()  # this process now holds Lance: the DataLoader must not fork from it
         self._dataset = self._guard(lambda: _open_lance(self.path))
         schema = self._dataset.schema
-        exported = (schema.metadata or {}).get(EXPORT_KEY.encode())
-        self._exported = json.loads(exported)["keys"] if exported else {}
+        self._exported = _exported_schema(schema.metadata or {}, self.path)
         self._images, self._dims, self.columns, dropped = {}, {}, {}, {}
         self.lengths = self._episode_lengths()
         first_row = self._guard(lambda: self._dataset.take([0])) if len(self.lengths) else None
@@ -174,18 +198,23 @@ class UpstreamLance:
             return read()
 
     def _episode_lengths(self) -> np.ndarray:
-        table = self._guard(lambda: self._dataset.to_table(columns=["episode_idx"]))
+        """Rows of each episode (its rows contiguous), and ``self._order``: the stored rows in
+        ``step_idx`` order (None when stored so)."""
+        names = [n for n in ("episode_idx", "step_idx") if n in self._dataset.schema.names]
+        table = self._guard(lambda: self._dataset.to_table(columns=names))
         ids = table.column("episode_idx").to_numpy()
-        self._episode_ids = np.zeros(0, dtype=np.int64)
         if not len(ids):
-            return np.zeros(0, dtype=np.int64)
+            raise UsageError(f"{self.path} holds no episodes", hint="nothing to read in it")
         starts = np.flatnonzero(np.diff(ids) != 0) + 1
         self._episode_ids = ids[np.concatenate([[0], starts])]
         if len(np.unique(ids[np.concatenate([[0], starts])])) != len(starts) + 1:
             raise DatasetError(f"{self.path}: an episode's rows are not contiguous", DAMAGED_HINT)
-        return check_lengths(
+        lengths = check_lengths(
             np.diff(np.concatenate([[0], starts, [len(ids)]])), len(ids), self.path
         )
+        steps = table.column("step_idx").to_numpy() if "step_idx" in names else None
+        self._order = None if steps is None else step_order(steps, lengths, self.path)
+        return lengths
 
     def _add_column(self, field, first_row, dropped: dict) -> None:
         import pyarrow as pa
@@ -201,7 +230,13 @@ class UpstreamLance:
             self._dims[name] = kind.list_size
             if name in self._exported:
                 dtype, shape = self._exported[name]
-                self.columns[name] = (np.dtype(dtype), tuple(shape))
+                if int(np.prod(shape)) != kind.list_size:
+                    raise DatasetError(
+                        f"{self.path}: its {EXPORT_KEY} metadata gives {name} the shape {shape}, "
+                        f"its column holds {kind.list_size} numbers a row",
+                        DAMAGED_HINT,
+                    )
+                self.columns[name] = (_as_action(name, dtype), shape)
             elif kind.list_size == 1 and name != "action":
                 self.columns[name] = (np.dtype(bool if name in _FLAGS else np.float32), ())
             else:
@@ -214,7 +249,9 @@ class UpstreamLance:
         table = self.path.with_name(self.path.name[: -len(".lance")] + "_videos.lance")
         if not table.is_dir() or not len(self.lengths):
             return None
-        videos = self._guard(lambda: LanceVideos(table, self._episode_ids, self._align.first_rows))
+        videos = self._guard(
+            lambda: LanceVideos(table, self._episode_ids, self._align.first_rows, self.lengths)
+        )
         self.columns.update(videos.columns)
         return videos
 
@@ -224,14 +261,13 @@ class UpstreamLance:
             return {"codec": f"{self._videos.codec} (lance_video)", "lossy": f"frames ({frames})"}
         if not self._images:
             return {"codec": None, "lossy": False}
-        blob = first_row.column(next(iter(self._images)))[0].as_py()
-        setting = jpeg.quality(blob)
-        return {
-            "codec": f"JPEG quality {setting}" if setting else "JPEG (quality unknown)",
-            "lossy": f"frames ({', '.join(self._images)}); numbers are float32 as stored",
-        }
+        codec, lossy = jpeg.codec(first_row.column(next(iter(self._images)))[0].as_py())
+        frames = f"frames ({', '.join(self._images)}); " if lossy else ""
+        return {"codec": codec, "lossy": f"{frames}numbers are float32 as stored"}
 
     def _take(self, names: list[str], rows: np.ndarray):
+        if self._order is not None:  # swm's rows are in step order; the stored ones may not be
+            rows = self._order[rows]
         unique, inverse = np.unique(rows, return_inverse=True)
         return self._guard(lambda: self._dataset.take(unique, columns=names)), inverse
 
@@ -267,6 +303,30 @@ class UpstreamLance:
         self._dataset = None
 
 
+def _exported_schema(metadata: dict, where) -> dict:
+    """The schema an swm export keeps in the table's metadata (``{}`` when there is none),
+    every entry checked: a dtype of numbers, a shape of at most 8 sides >= 1."""
+    raw = metadata.get(EXPORT_KEY.encode())
+    if raw is None:
+        return {}
+    try:
+        schema = schema_from_json(json.loads(raw)["keys"])
+        for dtype, shape in schema.values():
+            if dtype.kind not in "biuf" or len(shape) > 8 or min(shape, default=1) < 1:
+                raise ValueError(f"{dtype} {shape} is not a column of numbers")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise DatasetError(
+            f"{where}: its {EXPORT_KEY} metadata is damaged ({first_line(error)})", DAMAGED_HINT
+        ) from None
+    return schema
+
+
+def _as_action(name: str, dtype) -> np.dtype:
+    """A column's dtype as swm reads it: an action is a float (its episode's last row NaN)."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if name == "action" and dtype.kind != "f" else dtype
+
+
 def _open_lance(path: Path):
     import lance
 
@@ -278,14 +338,6 @@ def _open_lance(path: Path):
 
 def open_hdf5(path: Path):
     return UpstreamHdf5(path)
-
-
-def _stored_bytes(dataset) -> tuple[int, int]:
-    """(bytes the header claims, bytes actually stored); compressed data may expand 1000x."""
-    ratio = 1000 if dataset.compression else 1
-    return int(np.prod(dataset.shape, dtype=np.int64)) * dataset.dtype.itemsize, (
-        dataset.id.get_storage_size() * ratio
-    )
 
 
 class UpstreamHdf5:
@@ -300,11 +352,12 @@ class UpstreamHdf5:
         self._file = None
         with reading(path, on_error=self.close):
             self._file = h5py.File(path, "r")
+            check_hdf5(self._file, path)
             self._open()
 
     def _whole(self, name: str) -> np.ndarray:
         dataset = self._file[name]
-        check_stored(name, *_stored_bytes(dataset), self.path)
+        check_hdf5_stored(name, dataset, self.path)
         return dataset[()]
 
     def _open(self) -> None:
@@ -318,18 +371,20 @@ class UpstreamHdf5:
             if dataset.dtype.kind not in "biuf" or not dataset.shape:
                 dropped[name] = f"{dataset.dtype} (swm stores numbers and frames)"
                 continue
-            check_stored(name, *_stored_bytes(dataset), self.path)
+            check_hdf5_stored(name, dataset, self.path)
             if rows is not None and dataset.shape[0] != rows:
                 raise DatasetError(f"{self.path}: columns of different lengths", DAMAGED_HINT)
             rows = dataset.shape[0]
-            self.columns[name] = (dataset.dtype, tuple(dataset.shape[1:]))
+            self.columns[name] = (_as_action(name, dataset.dtype), tuple(dataset.shape[1:]))
         self.lengths = check_lengths(self._whole("ep_len"), rows or 0, self.path)
         offsets = self._whole("ep_offset")
         if not np.array_equal(offsets, np.concatenate([[0], np.cumsum(self.lengths)[:-1]])):
             raise DatasetError(f"{self.path}: ep_offset does not follow ep_len", DAMAGED_HINT)
         self._align = _Alignment(self.lengths)
-        first_steps = None
+        first_steps, self._order = None, None
         if self.columns.pop("step_idx", None) is not None:  # swm keeps its own step index
+            steps = self._whole("step_idx")
+            self._order = step_order(steps, self.lengths, self.path)
             first_steps = self._rows("step_idx", self._align.first_rows)
         last = self._rows("action", self._align.last_rows) if "action" in self.columns else None
         images = [n for n, (dtype, shape) in self.columns.items() if len(shape) >= 2]
@@ -345,6 +400,8 @@ class UpstreamHdf5:
 
     def _rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         dataset = self._file[name]
+        if self._order is not None:  # swm's rows are in step order; the stored ones may not be
+            rows = self._order[rows]
         unique, inverse = np.unique(rows, return_inverse=True)
         if len(unique) and unique[-1] - unique[0] + 1 == len(unique):  # one contiguous run
             values = dataset[int(unique[0]) : int(unique[-1]) + 1]

@@ -22,10 +22,10 @@ from swmcli.data.foreign.common import (
     UPSTREAM_FOLDER,
     UPSTREAM_VIDEO,
     check_lengths,
-    inside,
     reading,
 )
-from swmcli.data.foreign.upstream import _Alignment, _convention
+from swmcli.data.foreign.upstream import _Alignment, _as_action, _convention, step_order
+from swmcli.data.storage.containment import inside
 from swmcli.data.storage.schema import FOLDER_METADATA
 from swmcli.errors import DatasetError
 
@@ -107,9 +107,15 @@ class UpstreamFiles:
         self.offsets = offsets.astype(np.int64)
         self._align = _Alignment(self.lengths)
         steps = self._arrays.pop("step_idx", None)  # swm keeps its own step index
+        if steps is not None and step_order(steps, self.lengths, self.path) is not None:
+            raise DatasetError(  # frames are files named by position: no order to restore
+                f"{self.path}: step_idx is not in order within an episode, and this layout's "
+                "frames are named by position: which row a frame belongs to cannot be told",
+                DAMAGED_HINT,
+            )
         first_steps = steps[self._align.first_rows] if steps is not None else None
         last = self._arrays["action"][self._align.last_rows] if "action" in self._arrays else None
-        self.columns = {name: (v.dtype, v.shape[1:]) for name, v in self._arrays.items()}
+        self.columns = {n: (_as_action(n, v.dtype), v.shape[1:]) for n, v in self._arrays.items()}
         self._frames = {}
         for folder in sorted(p for p in self.path.iterdir() if p.is_dir()):
             first = self._frame_file(folder.name, 0, 0)
@@ -141,12 +147,10 @@ class UpstreamFiles:
             return {"codec": None, "lossy": False}
         name = next(iter(self._frames))
         first = self._frame_file(name, 0, 0)
-        if self._video:
-            codec = videos.codec_name(first)
-        else:
-            setting = jpeg.quality(first.read_bytes())
-            codec = f"JPEG quality {setting}" if setting else "JPEG (quality unknown)"
-        return {"codec": codec, "lossy": f"frames ({', '.join(self._frames)})"}
+        codec, lossy = (
+            (videos.codec_name(first), True) if self._video else jpeg.codec(first.read_bytes())
+        )
+        return {"codec": codec, "lossy": f"frames ({', '.join(self._frames)})" if lossy else False}
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         if name not in self._frames:
@@ -164,6 +168,7 @@ class UpstreamFiles:
     def _episode_frames(self, name: str, episode: int, steps: np.ndarray, shape) -> np.ndarray:
         if self._video:
             file = inside(self.path, f"{name}/ep_{episode}.mp4")
+            videos.check_decoded(file.stat().st_size, int(self.lengths[episode]), shape, file)
             return videos.decode_indices(file, steps, shape, file)
         files = [inside(self.path, f"{name}/ep_{episode}_step_{int(s)}.jpeg") for s in steps]
         return jpeg.decode([file.read_bytes() for file in files], shape, self.path / name)

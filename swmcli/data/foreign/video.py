@@ -1,12 +1,15 @@
 """Frames of MP4/AV1 videos in foreign datasets, decoded with PyAV (the optional ``video``
 extra): by timestamp (LeRobot, several episodes a file) or by frame index (stable-worldmodel's
-one video per episode). A video whose frames are not the size its dataset declares is refused."""
+one video per episode). A video whose frames are not the size its dataset declares is refused,
+and so is one whose frames would decode to more than the JPEG path allows (``check_decoded``):
+a side beyond ``MAX_SIDE``, or more than ``MAX_EXPANSION`` times the bytes stored."""
 
 from pathlib import Path
 
 import numpy as np
 
 from swmcli.data.foreign.common import DAMAGED_HINT
+from swmcli.data.foreign.jpeg import MAX_EXPANSION, MAX_SIDE
 from swmcli.errors import DatasetError, UsageError
 
 
@@ -32,11 +35,27 @@ def codec_name(source) -> str:
         return f"{container.streams.video[0].codec_context.name} video"
 
 
-def frame_shape(source) -> tuple[int, int, int]:
-    """(H, W, 3) of a video's frames, from its stream header."""
+def frame_shape(source, where=None) -> tuple[int, int, int]:
+    """(H, W, 3) of a video's frames, from its stream header (a side beyond ``MAX_SIDE`` or of
+    no pixel refused)."""
     with _pyav().open(source if hasattr(source, "read") else str(source)) as container:
         context = container.streams.video[0].codec_context
-        return (context.height, context.width, 3)
+        shape = (context.height, context.width, 3)
+    if not 0 < min(shape[:2]) <= max(shape[:2]) <= MAX_SIDE:
+        raise DatasetError(f"{where or source}: video frames of {shape[1]}x{shape[0]} pixels")
+    return shape
+
+
+def check_decoded(stored_bytes: int, frames: int, shape: tuple, where) -> None:
+    """Refuse, before decoding, a video of ``stored_bytes`` whose ``frames`` of ``shape`` would
+    decode to more than ``MAX_EXPANSION`` times that (a few KB claiming GB of frames)."""
+    decoded = frames * int(np.prod(shape))
+    if decoded > MAX_EXPANSION * max(stored_bytes, 1):
+        raise DatasetError(
+            f"{where}: {frames} frames of {shape[1]}x{shape[0]} pixels ({decoded} bytes) from "
+            f"{stored_bytes} bytes of video, more than any real video decodes to",
+            DAMAGED_HINT,
+        )
 
 
 def decode_indices(source, indices: np.ndarray, shape: tuple, where) -> np.ndarray:
@@ -93,12 +112,13 @@ class LanceVideos:
     """stable-worldmodel's ``lance_video`` side table ``<name>_videos.lance``: one MP4 blob per
     (episode, image column), frame j = step j of that episode."""
 
-    def __init__(self, table: Path, episode_ids: np.ndarray, offsets: np.ndarray):
+    def __init__(self, table: Path, episode_ids: np.ndarray, offsets: np.ndarray, lengths):
         import io
 
         import lance
 
         self.path, self._offsets, self._episode_ids = table, offsets, episode_ids
+        self._lengths = lengths
         self._dataset = lance.dataset(str(table.absolute()))
         index = self._dataset.to_table(columns=["episode_idx", "video_key"]).to_pydict()
         self._rows = {
@@ -107,7 +127,9 @@ class LanceVideos:
         }
         names = sorted({key for _, key in self._rows})
         first = {key: io.BytesIO(self._blob(0, key)) for key in names}
-        self.columns = {key: (np.dtype(np.uint8), frame_shape(first[key])) for key in names}
+        self.columns = {
+            key: (np.dtype(np.uint8), frame_shape(first[key], f"{table} ({key})")) for key in names
+        }
         self.codec = codec_name(io.BytesIO(self._blob(0, names[0]))) if names else None
 
     def _blob(self, episode: int, key: str) -> bytes:
@@ -126,6 +148,8 @@ class LanceVideos:
         for episode in np.unique(episodes):
             where = episodes == episode
             steps = rows[where] - self._offsets[episode]
-            video = io.BytesIO(self._blob(int(episode), key))
-            out[where] = decode_indices(video, steps, shape, f"{self.path} ({key})")
+            blob = self._blob(int(episode), key)
+            name = f"{self.path} ({key}, episode {episode})"
+            check_decoded(len(blob), int(self._lengths[episode]), shape, name)
+            out[where] = decode_indices(io.BytesIO(blob), steps, shape, name)
         return out

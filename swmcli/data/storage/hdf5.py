@@ -31,6 +31,7 @@ import numpy as np
 
 from swmcli.data.storage import location as loc
 from swmcli.data.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.data.storage.containment import check_hdf5
 from swmcli.data.storage.location import Location
 from swmcli.data.storage.schema import (
     INDEX_COLUMNS,
@@ -180,6 +181,7 @@ class Hdf5Reader:
                     hint="write it with swmcli.open_writer or `swm collect`",
                 )
             self.metadata, self.keys, self.metadata_sealed = read_metadata(raw, self.path)
+            check_hdf5(self._file, self.path)
             self._check_columns()
             self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
             self._check_index()

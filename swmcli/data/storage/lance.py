@@ -407,7 +407,13 @@ def _data_files(path: Location) -> dict[str, int]:
     if loc.is_remote(path):
         found = loc.filesystem().find(data, detail=True)
         return {key.rsplit("/", 1)[-1]: info["size"] for key, info in found.items()}
-    return {p.name: p.stat().st_size for p in data.iterdir()} if data.is_dir() else {}
+    found = {}
+    for file in data.iterdir() if data.is_dir() else ():
+        try:  # a writer's compaction may delete an old file between the listing and the stat
+            found[file.name] = file.stat().st_size
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def _check_footer(data_file: Location, tail: bytes, size: int) -> None:

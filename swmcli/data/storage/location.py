@@ -167,7 +167,13 @@ def nbytes_under(location: Location) -> int:
         return int(filesystem().du(location, total=True))
     if location.is_file():
         return location.stat().st_size
-    return sum(p.stat().st_size for p in location.rglob("*") if p.is_file())
+    total = 0
+    for path in location.rglob("*"):
+        try:  # a writer's temporary may vanish between the listing and the stat
+            total += path.stat().st_size if path.is_file() else 0
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def write_text(location: Location, text: str) -> None:

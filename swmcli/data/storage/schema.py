@@ -22,6 +22,7 @@ from swmcli.data.storage import location as loc
 from swmcli.data.storage.checksums import CHECKSUM_COLUMN, seal_metadata, unseal_metadata
 from swmcli.data.storage.location import Location
 from swmcli.errors import DatasetError, MissingKeyError, UsageError, first_line
+from swmcli.names import bad_name, check_name
 
 FORMAT_VERSION = 2  # 2: the metadata carries a checksum per field (see checksums.py)
 
@@ -83,6 +84,8 @@ def episode_schema(episode: Mapping[str, np.ndarray]) -> Schema:
     for key in (*INDEX_COLUMNS, CHECKSUM_COLUMN):
         if key in episode:
             raise UsageError(f"episode key {key!r} is reserved", hint="the writer adds it")
+    for key in episode:
+        check_name(key, "episode key")  # it names folders, HDF5 datasets, Lance columns
     return {key: (np.asarray(v).dtype, tuple(np.shape(v)[1:])) for key, v in episode.items()}
 
 
@@ -142,6 +145,9 @@ def read_metadata(raw: str | bytes, where) -> tuple[dict, Schema, bool]:
         shapes = [shape for _, shape in schema.values()]
         if not schema or any(len(shape) > 8 or min(shape, default=1) < 1 for shape in shapes):
             raise ValueError("an empty schema or an impossible shape")
+        bad = next((key for key in schema if bad_name(key)), None)
+        if bad is not None:
+            raise ValueError(f"the key {bad!r} {bad_name(bad)}")
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise DatasetError(
             f"{where}: its schema (metadata keys) is damaged: {first_line(error)}",

@@ -1,0 +1,883 @@
+"""The hostile-input corpus (issue 31): one small crafted case per way swm was broken, written at
+run time under a temporary root, never committed as a blob.
+
+Every case writes what it needs under its root: the input in ``in/``, destinations in ``out/``,
+the user's own code in ``code/`` (on ``PYTHONPATH``), and ``outside/``, which no command may read
+or write (hostile links point there). ``make(root)`` returns a ``Case``: the ``swm`` arguments,
+the exit code and the line they must give (or, for a case that must work, a ``check`` of what was
+read or written), and the paths the command may write. ``tests/test_hostile.py`` runs each in
+process and compares the whole tree before and after; ``tests/hostile_sweep.py`` runs each as a
+real ``swm`` process (under strace where it can) and counts what left the root.
+"""
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LEROBOT = FIXTURES / "lerobot" / "dots"
+UPSTREAM_FOLDER = FIXTURES / "stable_worldmodel" / "main" / "tworoom-folder"
+SECRET = "swm-hostile-secret: a read outside the dataset"
+# Settings every training case shares: seconds on a CPU, one process, nothing held out but one.
+TRAIN = ["--steps", "1", "--batch-size", "2", "--history-len", "2", "--frameskip", "1",
+         "--set", "eval.heldout_episodes=1", "--set", "data.num_workers=0",
+         "--set", "runtime.cpu_threads=1"]  # fmt: skip
+
+
+@dataclass
+class Case:
+    """What one case runs and what must come of it."""
+
+    args: list[str]  # swm's arguments
+    code: int  # the exit code
+    says: str  # text the output holds: the refusal's line, or a word of the success
+    writes: tuple[str, ...] = ()  # paths (relative to the root) the command may write under
+    check: Callable[[Path], None] | None = None  # what must then be true (read back correctly)
+    env: dict[str, str | None] = field(default_factory=dict)  # None: unset it
+
+
+CASES: dict[str, Callable[[Path], Case]] = {}
+
+
+def case(function: Callable[[Path], Case]) -> Callable[[Path], Case]:
+    """Register ``function`` as the case named after it (``_`` as ``-``)."""
+    CASES[function.__name__.replace("_", "-")] = function
+    return function
+
+
+def table(build: Callable[..., Case], rows: dict[str, tuple]) -> None:
+    """One case per row: ``build(root, *row)``."""
+    for name, row in rows.items():
+        CASES[name] = lambda root, row=row: build(root, *row)
+
+
+def make(name: str, root: Path) -> Case:
+    """Write case ``name`` under ``root`` (its ``outside/`` secret included)."""
+    for part in ("in", "out", "code", "outside"):
+        (root / part).mkdir(parents=True, exist_ok=True)
+    (root / "outside" / "secret.txt").write_text(SECRET * 64)
+    return CASES[name](root)
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file and link under ``root`` with what it holds (a link by its target)."""
+    import os
+
+    found = {}
+    for directory, folders, files in os.walk(root):
+        for name in files + [f for f in folders if os.path.islink(os.path.join(directory, f))]:
+            path = Path(directory, name)
+            relative = str(path.relative_to(root))
+            if path.is_symlink():
+                found[relative] = "-> " + os.readlink(path)
+            else:
+                found[relative] = hashlib.blake2b(path.read_bytes(), digest_size=8).hexdigest()
+    return found
+
+
+def written_outside(before: dict, after: dict, allowed: tuple[str, ...]) -> list[str]:
+    """Paths added, changed or removed under the root that are not under an ``allowed`` one."""
+    changed = {p for p in before.keys() | after.keys() if before.get(p) != after.get(p)}
+    return sorted(p for p in changed if not any(Path(p).is_relative_to(a) for a in allowed))
+
+
+# ------------------------------------------------------------------------------- builders
+
+
+def swm_data(path: Path, pixels=(16, 16, 3), action=(2,), dtype=np.uint8, episodes=4, length=8):
+    """A dataset in swm's own Lance format, written by swm's writer: random frames."""
+    from swmcli import open_writer
+
+    rng = np.random.default_rng(0)
+    with open_writer(path, mode="overwrite") as writer:
+        for _ in range(episodes):
+            frames = rng.integers(0, 256, (length, *pixels))
+            writer.write_episode({
+                "pixels": (frames if dtype == np.uint8 else frames / 255).astype(dtype),
+                "action": rng.standard_normal((length, *action)).astype(np.float32),
+                "reward": np.zeros(length, np.float32),
+                "terminated": np.zeros(length, bool),
+                "truncated": np.zeros(length, bool),
+            })  # fmt: skip
+    return path
+
+
+def upstream_hdf5(path: Path, columns: dict, lengths=(3, 3), build=None) -> Path:
+    """A file in stable-worldmodel's HDF5 layout; ``build(file)`` adds what a case needs."""
+    import h5py
+
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    with h5py.File(path, "w") as file:
+        for name, value in columns.items():
+            file.create_dataset(name, data=value)
+        file["ep_len"] = np.asarray(lengths, np.int32)
+        file["ep_offset"] = offsets[: len(lengths)]
+        if build is not None:
+            build(file)
+    return path
+
+
+def upstream_lance(path: Path, episodes, steps, metadata=None, **columns) -> Path:
+    """A table in stable-worldmodel's Lance layout: ``columns`` of floats (lists) or bytes."""
+    import lance
+    import pyarrow as pa
+
+    arrays = {
+        "episode_idx": pa.array(episodes, pa.int32()),
+        "step_idx": pa.array(steps, pa.int32()),
+    }
+    for name, values in columns.items():
+        if not len(values) or isinstance(values[0], bytes):
+            arrays[name] = pa.array(values, pa.binary())
+        else:
+            flat = np.asarray(values, np.float32)
+            width = flat[0].size
+            arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), width)
+    table = pa.table(arrays)
+    if metadata:
+        table = table.replace_schema_metadata(metadata)
+    lance.write_dataset(table, str(path))
+    return path
+
+
+def image_bytes(side=8, kind="JPEG", value=0) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((side, side, 3), value, np.uint8)).save(buffer, kind)
+    return buffer.getvalue()
+
+
+def lerobot(root: Path, info=None, episodes=None) -> Path:
+    """A copy of the LeRobot v3 fixture, ``info(dict)`` and ``episodes(dict of lists)`` edited."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = root / "in" / "dots"
+    shutil.copytree(LEROBOT, path)
+    if info is not None:
+        meta = json.loads((path / "meta/info.json").read_text())
+        info(meta)
+        (path / "meta/info.json").write_text(json.dumps(meta))
+    if episodes is not None:
+        file = path / "meta/episodes/chunk-000/file-000.parquet"
+        table = pq.read_table(file).to_pydict()
+        episodes(table)
+        pq.write_table(pa.Table.from_pydict(table), file)
+    return path
+
+
+def minari(path: Path, actions, observations=None, build=None) -> Path:
+    """A Minari dataset of episodes with these ``actions`` (T each) and T+1 observations."""
+    import h5py
+
+    (path / "data").mkdir(parents=True)
+    (path / "data" / "metadata.json").write_text('{"dataset_id": "hostile/case-v0"}')
+    rng = np.random.default_rng(0)
+    with h5py.File(path / "data" / "main_data.hdf5", "w") as file:
+        for index, action in enumerate(actions):
+            steps = len(action)
+            group = file.create_group(f"episode_{index}")
+            frames = rng.integers(0, 256, (steps + 1, 16, 16, 3), dtype=np.uint8)
+            group["observations"] = frames if observations is None else observations(steps)
+            group["actions"] = action
+            group["rewards"] = np.zeros(steps)
+            group["terminations"] = np.zeros(steps, bool)
+            group["truncations"] = np.zeros(steps, bool)
+        if build is not None:
+            build(file)
+    return path
+
+
+def code_file(root: Path, name: str, text: str) -> str:
+    """The user's module ``name`` (unique to its case), in ``code/``."""
+    (root / "code" / f"{name}.py").write_text(text)
+    return name
+
+
+MODEL = '''
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self, action_dim, frameskip):
+        super().__init__()
+        self.encoder = nn.Linear(3, 8)
+        self.dynamics = nn.Linear(8 + action_dim * frameskip, 8)
+
+    def encode(self, pixels):
+        return self.encoder(pixels.float().mean(dim=(-3, -2)) / 255)
+
+    def predict(self, latents, actions):
+        actions = torch.nan_to_num(actions).to(latents.dtype)
+        return self.dynamics(torch.cat([latents, actions], -1))
+
+
+def build(action_dim, frameskip):
+    return Model(action_dim, frameskip)
+'''
+
+
+def model_case(root: Path, body: str, code: int, says: str, extra=()) -> Case:
+    """``swm train --model`` with the model file ``MODEL`` + ``body`` (which may override)."""
+    name = "h31_model_" + hashlib.sha1(body.encode()).hexdigest()[:8]
+    (root / "code" / f"{name}.py").write_text(MODEL + body)
+    data = swm_data(root / "in" / "data.lance")
+    return Case(
+        ["train", "--data", str(data), "--model", f"code/{name}.py:build",
+         "--out", str(root / "out" / "run"), *TRAIN, *extra],
+        code, says, writes=("out/run",),
+    )  # fmt: skip
+
+
+def train_on(root: Path, data: Path, code: int, says: str) -> Case:
+    args = ["train", "--preset", "tiny", "--data", str(data), "--out", str(root / "out/run")]
+    return Case([*args, *TRAIN], code, says, writes=("out/run",))
+
+
+def convert(root: Path, source: Path, code: int, says: str, *flags: str, to="out/copy.lance"):
+    return Case(["convert", str(source), str(root / to), *flags], code, says, writes=(to,))
+
+
+# ------------------------------------------------------------------- nothing written outside
+
+
+@case
+def lerobot_key_escapes(root):
+    def info(meta):
+        meta["swm_keys"] = {"observation.image": "../../../../ESCAPED_IMG"}
+
+    source = lerobot(root, info)
+    return convert(root, source, 1, "would become the key", "--to", "folder", to="out/a/b/c/d/x")
+
+
+@case
+def lerobot_key_absolute(root):
+    def info(meta):
+        meta["swm_keys"] = {"observation.image": str(root / "outside" / "ESCAPED")}
+
+    return convert(root, lerobot(root, info), 1, "would become the key", "--to", "folder")
+
+
+@case
+def upstream_lance_absolute_column(root):
+    frames = [image_bytes(value=v) for v in (0, 80, 160)]
+    source = upstream_lance(root / "in" / "up.lance", [0, 0, 0], [0, 1, 2],
+                            **{str(root / "outside" / "ESCAPED"): frames})  # fmt: skip
+    return convert(root, source, 1, "would become the key", "--to", "folder", to="out/x")
+
+
+@case
+def map_key_escapes(root):
+    return convert(root, lerobot(root), 2, "--map observation.image=", "--to", "folder",
+                   "--map", "observation.image=../../../../X", to="out/a/b/c/d/x")  # fmt: skip
+
+
+@case
+def map_lerobot_export_escapes(root):
+    return convert(root, lerobot(root), 2, "the key", "--layout", "lerobot",
+                   "--map", "observation.state=/../../../../../../X", to="out/lr")  # fmt: skip
+
+
+# ------------------------------------------------------------------- nothing read outside
+
+
+def _outside_h5(root: Path) -> Path:
+    import h5py
+
+    path = root / "outside" / "secret.h5"
+    with h5py.File(path, "w") as file:
+        file["pixels"] = np.full((6, 8, 8, 3), 7, np.uint8)
+    return path
+
+
+def _columns():
+    return {"pixels": np.zeros((6, 8, 8, 3), np.uint8), "action": np.ones((6, 2), np.float32)}
+
+
+@case
+def hdf5_external_link(root):
+    import h5py
+
+    outside = _outside_h5(root)
+    columns = {"action": np.ones((6, 2), np.float32)}
+
+    def build(file):
+        file["pixels"] = h5py.ExternalLink(str(outside), "/pixels")
+
+    source = upstream_hdf5(root / "in" / "x.h5", columns, build=build)
+    return convert(root, source, 1, "is an external link")
+
+
+@case
+def hdf5_external_storage(root):
+    secret = root / "outside" / "secret.txt"
+
+    def build(file):
+        file.create_dataset("state", shape=(6, 4), dtype=np.uint8, external=[(str(secret), 0, 24)])
+
+    source = upstream_hdf5(root / "in" / "x.h5", _columns(), build=build)
+    return convert(root, source, 1, "is stored outside the file")
+
+
+@case
+def hdf5_virtual_dataset(root):
+    import h5py
+
+    outside = _outside_h5(root)
+
+    def build(file):
+        layout = h5py.VirtualLayout(shape=(6, 8, 8, 3), dtype=np.uint8)
+        layout[:] = h5py.VirtualSource(str(outside), "pixels", shape=(6, 8, 8, 3))
+        file.create_virtual_dataset("pixels", layout)
+
+    source = upstream_hdf5(root / "in" / "x.h5", {"action": np.ones((6, 2))}, build=build)
+    return convert(root, source, 1, "is a virtual dataset")
+
+
+@case
+def minari_external_link(root):
+    import h5py
+
+    outside = _outside_h5(root)
+
+    def build(file):
+        del file["episode_0/observations"]
+        file["episode_0/observations"] = h5py.ExternalLink(str(outside), "/pixels")
+
+    source = minari(root / "in" / "minari", [np.zeros((5, 2), np.float32)], build=build)
+    return convert(root, source, 1, "is an external link")
+
+
+@case
+def swm_hdf5_external_storage(root):
+    import h5py
+
+    from swmcli.data.copy import copy_dataset
+
+    path = root / "in" / "own.h5"
+    copy_dataset(swm_data(root / "in" / "own.lance"), path)
+    with h5py.File(path, "a") as file:
+        rows = file["reward"].shape[0]
+        del file["reward"]
+        external = [(str(root / "outside" / "secret.txt"), 0, 4 * rows)]
+        file.create_dataset("reward", shape=(rows,), dtype=np.float32, external=external)
+    return convert(root, path, 1, "is stored outside the file")
+
+
+def _folder(root: Path) -> Path:
+    path = root / "in" / "folder"
+    shutil.copytree(UPSTREAM_FOLDER, path)
+    return path
+
+
+def linked_out(root: Path, dataset: Callable, relative: str, copied: bool, says: str) -> Case:
+    """``swm info`` (``swm convert`` when ``copied``) on ``dataset(root)`` whose file
+    ``relative`` was moved to ``outside/`` and replaced by a link to it."""
+    path = dataset(root)
+    file, moved = path / relative, root / "outside" / Path(relative).name
+    file.rename(moved)
+    file.symlink_to(moved)
+    return convert(root, path, 1, says) if copied else Case(["info", str(path)], 1, says)
+
+
+table(linked_out, {
+    "folder-ep-len-link": (_folder, "ep_len.npz", False, "ep_len.npz is a link to"),
+    "lerobot-info-link": (lerobot, "meta/info.json", False, "meta/info.json is a link to"),
+    "folder-frame-link": (_folder, "pixels/ep_0_step_0.jpeg", True,
+                          "pixels/ep_0_step_0.jpeg is a link to"),
+})  # fmt: skip
+
+
+@case
+def link_inside_reads(root):
+    path = lerobot(root)
+    data = path / "data/chunk-000/file-000.parquet"
+    (path / "store").mkdir()
+    data.rename(path / "store" / "frames.parquet")
+    data.symlink_to(path / "store" / "frames.parquet")  # resolves inside the dataset: read
+
+    def check(root):
+        from swmcli.data.formats import open_reader
+
+        reader = open_reader(root / "out" / "copy.lance")
+        assert reader.num_episodes == 3 and reader.num_steps == 24
+        reader.close()
+
+    found = convert(root, path, 0, "verified")
+    found.check = check
+    return found
+
+
+@case
+def link_loop(root):
+    path = lerobot(root)
+    (path / "loop").symlink_to(path / "loop")
+    return Case(["info", str(path)], 1, "is a link that loops")
+
+
+# ------------------------------------------------------------------- bounded work
+
+
+@case
+def video_frames_huge(root):
+    import av
+
+    path = root / "in" / "video"
+    shutil.copytree(FIXTURES / "stable_worldmodel" / "main" / "tworoom-video", path)
+    video = path / "pixels" / "ep_0.mp4"
+    container = av.open(str(video), "w")
+    stream = container.add_stream("libx264", rate=10, options={"preset": "ultrafast", "crf": "51"})
+    stream.width = stream.height = 4096
+    stream.pix_fmt = "yuv420p"
+    black = np.zeros((4096 * 3 // 2, 4096), np.uint8)
+    for _ in range(7):
+        container.mux(stream.encode(av.VideoFrame.from_ndarray(black, format="yuv420p")))
+    container.mux(stream.encode())
+    container.close()
+    return convert(root, path, 1, "more than any real video decodes to")
+
+
+def lerobot_info(root: Path, keys: tuple, value, code: int, says: str) -> Case:
+    """``swm info`` on the LeRobot fixture whose ``info.json`` holds ``value`` at ``keys``."""
+
+    def info(meta):
+        node = meta
+        for key in keys[:-1]:
+            node = node[key]
+        node[keys[-1]] = value
+
+    return Case(["info", str(lerobot(root, info))], code, says)
+
+
+table(lerobot_info, {
+    "lerobot-template-width": (("data_path",),
+                               "data/chunk-{chunk_index:0>400000000}/file-{file_index:03d}.parquet",
+                               1, "formats chunk_index as '0>400000000'"),
+    "lerobot-shape-negative": (("features", "action", "shape"), [-2], 1,
+                               "gives action the shape [-2]"),
+    "lerobot-shape-huge": (("features", "action", "shape"), [10**6, 10**6], 1,
+                           "its data holds 2 values a row"),
+    "lerobot-v21": (("codebase_version",), "v2.1", 2, "is a LeRobot v2.1 dataset"),
+})  # fmt: skip
+
+
+@case
+def lerobot_length_huge(root):
+    def info(meta):
+        meta.pop("total_frames")
+
+    def episodes(table):
+        table["length"][2] = 10**12
+        table["dataset_to_index"][2] = table["dataset_from_index"][2] + 10**12
+
+    source = lerobot(root, info, episodes)
+    return Case(["info", str(source)], 1, "its episodes claim 1000000000016 rows, it holds 24")
+
+
+# ------------------------------------------------------------------- order and meaning
+
+
+def _read(path: Path) -> list[dict]:
+    from swmcli.data.formats import open_reader
+
+    reader = open_reader(path)
+    try:
+        return [reader.read_episode(i) for i in range(reader.num_episodes)]
+    finally:
+        reader.close()
+
+
+def stored_out_of_order(root: Path, layout: str, code: int, says: str) -> Case:
+    """stable-worldmodel's ``layout`` with one episode's rows stored as steps 2, 0, 1, 5, 3, 4
+    (each row's ``state`` says its step): read in step order, or refused where it cannot be."""
+    steps = [2, 0, 1, 5, 3, 4]
+    state = np.array([[10.0 * s] for s in steps], np.float32)
+    action = np.array([[float(s), 0.0] for s in steps], np.float32)
+    if layout == "lance":
+        source = upstream_lance(root / "in" / "order.lance", [0] * 6, steps, state=state,
+                                action=action)  # fmt: skip
+    elif layout == "hdf5":
+        columns = {"state": state, "action": action, "step_idx": np.array(steps)}
+        source = upstream_hdf5(root / "in" / "order.h5", columns, lengths=(6,))
+    else:
+        source = root / "in" / "order"
+        source.mkdir()
+        arrays = {"ep_len": [6], "ep_offset": [0], "step_idx": steps, "state": state}
+        for name, values in arrays.items():
+            np.savez(source / f"{name}.npz", np.asarray(values))
+
+    def check(root):
+        (episode,) = _read(source)
+        np.testing.assert_array_equal(episode["state"].reshape(-1), np.arange(0, 60, 10))
+        np.testing.assert_array_equal(episode["action"][:-1, 0], np.arange(5))
+        assert np.isnan(episode["action"][-1]).all()  # the NaN on step 5's row, not storage's
+
+    return Case(["info", str(source)], code, says, check=check if code == 0 else None)
+
+
+table(stored_out_of_order, {
+    "lance-step-order": ("lance", 0, "stable-worldmodel-lance"),
+    "hdf5-step-order": ("hdf5", 0, "stable-worldmodel-hdf5"),
+    "folder-step-order": ("folder", 1, "frames are named by position"),
+})  # fmt: skip
+
+
+@case
+def lance_step_repeated(root):
+    source = upstream_lance(root / "in" / "repeat.lance", [0] * 6, [0, 0, 1, 2, 3, 4],
+                            state=[[0.0]] * 6)  # fmt: skip
+    return Case(["info", str(source)], 1, "is not a permutation of consecutive steps")
+
+
+@case
+def lerobot_ranges_overlap(root):
+    def episodes(table):
+        table["dataset_from_index"][1], table["dataset_to_index"][1] = 4, 12
+
+    source = lerobot(root, episodes=episodes)
+    return Case(["info", str(source)], 1, "the rows of episodes 0 and 1 overlap (0..7 and 4..11)")
+
+
+@case
+def float_pixels(root):
+    rng = np.random.default_rng(0)
+    pixels = rng.random((6, 8, 8, 3)).astype(np.float32)
+    source = upstream_hdf5(root / "in" / "float.h5", {**_columns(), "pixels": pixels})
+
+    def check(root):
+        frames = np.concatenate([e["pixels"] for e in _read(source)])
+        assert frames.dtype == np.uint8
+        np.testing.assert_array_equal(frames, np.rint(pixels * 255).astype(np.uint8))
+
+    return Case(["info", str(source)], 0, "float values in [0, 1] read as uint8", check=check)
+
+
+@case
+def float_pixels_beyond_one(root):
+    pixels = np.full((6, 8, 8, 3), 200.0, np.float32)
+    source = upstream_hdf5(root / "in" / "float.h5", {**_columns(), "pixels": pixels})
+    return convert(root, source, 1, "values outside [0, 1]")
+
+
+@case
+def folder_integer_actions(root):
+    path = root / "in" / "ints"
+    path.mkdir()
+    for name, value in (("ep_len", [3, 3]), ("ep_offset", [0, 3]), ("step_idx", [0, 1, 2] * 2)):
+        np.savez(path / f"{name}.npz", np.array(value, np.int64))
+    np.savez(path / "action.npz", np.arange(12, dtype=np.int64).reshape(6, 2))
+
+    def check(root):
+        for episode in _read(path):
+            action = episode["action"]
+            assert action.dtype == np.float32 and np.isnan(action[-1]).all()
+            assert not np.isnan(action[:-1]).any()
+
+    return Case(["info", str(path)], 0, "float32", check=check)
+
+
+@case
+def minari_discrete_actions(root):
+    rng = np.random.default_rng(0)
+    actions = [rng.integers(0, 4, 9) for _ in range(4)]  # Discrete(4): one integer a step
+    source = minari(root / "in" / "minari", actions)
+    return train_on(root, source, 0, "swm train")
+
+
+# ------------------------------------------------------------------- what is recorded
+
+
+def command(root: Path, args: str, code: int, says: str, settings: str | None = None) -> Case:
+    """``swm ARGS``: ``{out}`` is a path under ``out/``, ``{settings}`` a TOML file holding
+    ``settings``."""
+    file = root / "in" / "settings.toml"
+    if settings is not None:
+        file.write_text(settings)
+    words = [word.format(out=root / "out" / "x", settings=file) for word in args.split()]
+    return Case(words, code, says)
+
+
+table(command, {
+    "config-section-scalar": ("train --preset tiny --config {settings} --steps 3 --out {out}", 2,
+                              "train is a section of settings, not 5", "train = 5\n"),
+    "config-collect-scalar": ("collect --config {settings} --steps 3 --out {out}", 2,
+                              "collect is a section of settings, not 5", "collect = 5\n"),
+    "renamed-both-flags": ("collect --max-steps 300 --buffer-steps 900 --steps 3 --out {out}", 2,
+                           "collect.buffer_steps and collect.max_steps are one setting, given "
+                           "twice"),
+    "renamed-both-in-file": ("collect --config {settings} --steps 3 --out {out}", 2,
+                             "one setting, given twice",
+                             "[collect]\nmax_steps = 300\nbuffer_steps = 900\n"),
+    "renamed-both-set": ("collect --set collect.max_steps=300 --set collect.buffer_steps=900 "
+                         "--steps 3 --out {out}", 2, "one setting, given twice"),
+    "env-kwargs-tworoom": ("collect --set env.kwargs.door_width=3 --steps 3 --out {out}", 2,
+                           "swm/TwoRoom-v0 does not take env.kwargs {'door_width': 3}"),
+    "steps-beyond-int64": (f"train --preset tiny --steps {10**30} --out {{out}}", 2,
+                           "is beyond the largest integer swm takes"),
+    "episodes-and-steps": ("collect --episodes 2 --steps 10 --out {out}", 2,
+                           "episodes (2) and steps (10) both say how much to collect"),
+    "preset-path": ("collect --preset ../pyproject --steps 3 --out {out}", 2,
+                    "preset '../pyproject' holds a path separator"),
+    "env-empty-module": ("collect --env :Foo --steps 3 --out {out}", 2,
+                         "--env ':Foo' is not a gymnasium id nor module:Id"),
+})  # fmt: skip
+
+
+@case
+def collect_executed_action(root):
+    module = code_file(root, "h31_far_policy", """
+import numpy as np
+
+
+def far(env, seed):
+    return lambda observation: np.array([50.0, -50.0], np.float32)
+""")
+    out = root / "out" / "far.lance"
+
+    def check(root):
+        for episode in _read(out):  # what TwoRoom executed: the action clipped to [-1, 1]
+            executed = np.broadcast_to([1.0, -1.0], episode["action"][:-1].shape)
+            np.testing.assert_array_equal(episode["action"][:-1], executed)
+
+    args = ["collect", "--preset", "tiny", "--policy", f"{module}:far", "--steps", "6",
+            "--out", str(out)]  # fmt: skip
+    return Case(args, 0, "collect", writes=("out/far.lance", "out/far.lance.config.json"),
+                check=check)  # fmt: skip
+
+
+# ------------------------------------------------------------------- the user's errors
+
+
+def _subclass(name: str, method: str, body: str) -> str:
+    """A model file: ``MODEL`` and a subclass overriding ``method`` with ``body``."""
+    return f"""
+
+class {name}(Model):
+    def {method}:
+        {body}
+
+
+def build(action_dim, frameskip):
+    return {name}(action_dim, frameskip)
+"""
+
+
+table(model_case, {
+    "predict-sys-exit": (_subclass("Leaves", "predict(self, latents, actions)",
+                                   "raise SystemExit(0)"),
+                         1, "your code called sys.exit(0), in predict"),
+    "factory-raises": ("\n\ndef build(action_dim, frameskip):\n    raise ValueError('no model')\n",
+                       1, "your code raised ValueError: no model, in build"),
+    "factory-syntax-error": ("\n\ndef build(:\n    pass\n", 1, "your code has a syntax error"),
+    "factory-unknown-keyword": ("", 2, "build() cannot be called with",
+                                ("--set", "model.kwargs.width=64")),
+    "predict-wrong-shape": (_subclass("Short", "predict(self, latents, actions)",
+                                      "return super().predict(latents, actions)[..., :5]"),
+                            2, "returned a tensor of shape (2, 1, 5)"),
+    "encode-wrong-shape": (_subclass("Flat", "encode(self, pixels)",
+                                     "return super().encode(pixels).reshape(-1)"),
+                           2, "not latents of shape (2, 2, 'D')"),
+    "encode-fails-in-torch": (_subclass("Mismatch", "encode(self, pixels)",
+                                        "return self.encoder(pixels.float().mean(-1))"),
+                              1, "your code raised RuntimeError"),
+    "predict-nan": (_subclass("Nan", "predict(self, latents, actions)",
+                              "return super().predict(latents, actions) * float('nan')"),
+                    2, "predict returned NaN or infinite values"),
+    "model-without-parameters": (_subclass("Empty", "parameters(self, recurse=True)",
+                                           "return iter(())"),
+                                 2, "has no parameters: there is nothing to train"),
+    "model-frozen": ("\n\ndef build(action_dim, frameskip):\n"
+                     "    return Model(action_dim, frameskip).requires_grad_(False)\n",
+                     2, "has only frozen parameters"),
+    "loss-not-scalar": (_subclass("Vector", "loss(self, batch)",
+                                  "return {'loss': self.encode(batch['pixels']).sum(-1)}"),
+                        2, "loss(batch)['loss'] is a tensor of shape"),
+})  # fmt: skip
+
+
+def policy(root: Path, returns: str, exit_code: int, says: str) -> Case:
+    """``swm collect --policy`` with a policy whose action is ``returns`` (a statement)."""
+    module = code_file(root, "h31_policy_" + hashlib.sha1(returns.encode()).hexdigest()[:8], f"""
+import numpy as np
+
+
+def policy(env, seed):
+    def act(observation):
+        {returns}
+
+    return act
+""")
+    args = ["collect", "--preset", "tiny", "--policy", f"{module}:policy", "--steps", "4",
+            "--out", str(root / "out" / "p.lance")]  # fmt: skip
+    return Case(args, exit_code, says, writes=("out/p.lance",))
+
+
+table(policy, {
+    "policy-raises": ("raise KeyError('no action')", 1,
+                      "your code raised KeyError: 'no action', in act"),
+    "policy-nan": ("return np.array([np.nan, 0.0])", 2, "returned array([nan,  0.])"),
+    "policy-text": ("return 'left'", 2, "returned 'left'"),
+    "policy-wrong-shape": ("return np.zeros(5)", 2,
+                           "which the env's action space Box(-1.0, 1.0, (2,), float32) cannot "
+                           "take"),
+})  # fmt: skip
+
+
+ENV = """
+import gymnasium as gym
+import numpy as np
+
+
+class Env(gym.Env):
+    metadata = {{"render_modes": ["rgb_array"]}}
+
+    def __init__(self, render_mode=None):
+        box = gym.spaces.Box(-1, 1, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict({{{key!r}: box}})
+        self.action_space = box
+
+    def reset(self, *, seed=None, options=None):
+        {reset}
+        return {{{key!r}: np.zeros(2, np.float32)}}, {{}}
+
+    def step(self, action):
+        return {{{key!r}: np.zeros(2, np.float32)}}, 0.0, False, False, {{}}
+
+    def render(self):
+        return np.zeros((16, 16, 3), np.uint8)
+
+
+gym.register({env_id!r}, entry_point=__name__ + ":Env")
+"""
+
+
+def user_env(root: Path, key: str, reset: str, code: int, says: str) -> Case:
+    """``swm collect --format folder`` from the user's env (``ENV``): observations under
+    ``key``, ``reset`` running first in its reset."""
+    digest = hashlib.sha1(f"{key}{reset}".encode()).hexdigest()[:8]
+    env_id = f"H31Env{digest}-v0"
+    module = code_file(root, f"h31_env_{digest}", ENV.format(key=key, reset=reset, env_id=env_id))
+    out = "out/a/b/env"
+    args = ["collect", "--env", f"{module}:{env_id}", "--policy", "random", "--steps", "4",
+            "--format", "folder", "--out", str(root / out)]  # fmt: skip
+    return Case(args, code, says, writes=(out,))
+
+
+table(user_env, {
+    "env-key-escapes": ("../../escaped", "super().reset(seed=seed)", 2,
+                        "episode key '../../escaped' holds a path separator"),
+    "env-reset-raises": ("state", "raise RuntimeError('the robot is not connected')", 1,
+                         "your code raised RuntimeError: the robot is not connected, in reset"),
+})  # fmt: skip
+
+
+@case
+def logger_wandb_without_key(root):
+    data = swm_data(root / "in" / "data.lance")
+    args = ["train", "--preset", "tiny", "--data", str(data), "--logger", "wandb",
+            "--out", str(root / "out" / "run"), *TRAIN]  # fmt: skip
+    env = {"HOME": str(root / "out" / "home"), "WANDB_API_KEY": None, "WANDB_MODE": None,
+           "WANDB_DIR": None, "WANDB_CONFIG_DIR": None}  # fmt: skip
+    return Case(args, 1, "--logger wandb could not start", writes=("out/run", "out/home"), env=env)
+
+
+def exported(root: Path, metadata: str, says: str) -> Case:
+    """stable-worldmodel's Lance table with ``metadata`` as its swm export schema."""
+    source = upstream_lance(root / "in" / "x.lance", [0, 0, 0], [0, 1, 2],
+                            metadata={"swm_export": metadata}, action=[[0.0, 1.0]] * 3)
+    return convert(root, source, 1, says)
+
+
+table(exported, {
+    "export-metadata-hostile": (json.dumps({"keys": {"action": ["<f4", [10**6, 10**6]]}}),
+                                "its swm_export metadata gives action the shape"),
+    "export-metadata-garbage": ("{not json", "its swm_export metadata is damaged"),
+})  # fmt: skip
+
+
+def unusable(root: Path, pixels: tuple, action: tuple, says: str) -> Case:
+    """``swm train`` on swm's own dataset of frames ``pixels`` and actions ``action``."""
+    return train_on(root, swm_data(root / "in" / "x.lance", pixels, action), 2, says)
+
+
+table(unusable, {
+    "pixels-grayscale": ((16, 16, 1), (2,), "cannot use pixels uint8 (16, 16, 1)"),
+    "pixels-rgba": ((16, 16, 4), (2,), "drop the alpha channel"),
+    "pixels-not-square": ((16, 24, 3), (2,), "crop or resize the 16x24 frames to a square"),
+    "actions-three-dimensional": ((16, 16, 3), (2, 3, 4), "cannot use action float32 (2, 3, 4)"),
+})  # fmt: skip
+
+
+# ------------------------------------------------------------------- messages rewritten
+
+
+@case
+def lengths_with_an_empty_episode(root):
+    source = upstream_hdf5(root / "in" / "x.h5", _columns(), lengths=(6, 0))
+    return Case(["info", str(source)], 1, "episode 1 has 0 rows")
+
+
+def _empty_folder(path: Path) -> Path:
+    path.mkdir()
+    for name in ("ep_len", "ep_offset", "action"):
+        np.savez(path / f"{name}.npz", np.zeros(0, np.int64))
+    return path
+
+
+def _empty_lerobot_episodes(table: dict) -> None:
+    for values in table.values():
+        del values[:]
+
+
+def empty(root: Path, write: Callable[[Path], Path]) -> Case:
+    """``swm info`` on a dataset of no episodes: said as such, not as damage."""
+    return Case(["info", str(write(root / "in" / "empty"))], 2, "holds no episodes")
+
+
+table(empty, {
+    "empty-upstream-hdf5": (lambda path: upstream_hdf5(path.with_suffix(".h5"), {
+        "pixels": np.zeros((0, 8, 8, 3), np.uint8), "action": np.zeros((0, 2))}, lengths=()),),
+    "empty-upstream-lance": (lambda path: upstream_lance(path.with_suffix(".lance"), [], [],
+                                                         pixels=[]),),
+    "empty-upstream-folder": (_empty_folder,),
+    "empty-minari": (lambda path: minari(path, []),),
+    "empty-lerobot": (lambda path: lerobot(path.parents[1], episodes=_empty_lerobot_episodes),),
+})  # fmt: skip
+
+
+@case
+def gzip_sizes_as_stored(root):
+    import h5py
+
+    def build(file):
+        state = file.create_dataset("state", (6, 2**24), np.float32, compression="gzip")
+        state[0, :1024] = 1.0  # one chunk stored, 384 MiB claimed
+
+    source = upstream_hdf5(root / "in" / "x.h5", _columns(), build=build)
+    with h5py.File(source) as file:
+        stored = file["state"].id.get_storage_size()  # as stored, not times the 1000x allowed
+    says = f"state claims 402653184 bytes but only {stored} are stored (compressed"
+    return Case(["info", str(source)], 1, says)
+
+
+@case
+def png_frames(root):
+    frames = [image_bytes(kind="PNG", value=v) for v in (0, 80, 160)]
+    source = upstream_lance(root / "in" / "png.lance", [0, 0, 0], [0, 1, 2], pixels=frames)
+    return Case(["info", str(source)], 0, "PNG (lossless)")
+
+
+@case
+def cartpole_says_no_error(root):
+    args = ["collect", "--env", "CartPole-v1", "--policy", "random", "--steps", "5",
+            "--out", str(root / "out" / "cp.lance")]  # fmt: skip
+    return Case(args, 0, "CartPole-v1", writes=("out/cp.lance", "out/cp.lance.config.json"))
