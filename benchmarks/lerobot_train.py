@@ -9,9 +9,10 @@ lerobot==0.4.4``: lerobot 0.4.4 takes torch < 2.11; then swm from this checkout,
 and runs every step with that venv's interpreters: ``swm collect`` (swm/TwoRoom-v0, expert),
 ``swm convert --layout lerobot``, a reader check (every batch of a DataLoader over every frame:
 NaN counted in every float tensor; ``action_is_pad`` past an episode's end; ``stats.json``
-loaded), and ``lerobot-train --policy.type=act|diffusion --steps N`` on the CPU (ACT without
-its ImageNet backbone weights: nothing is downloaded here). Prints each step's loss and one JSON
-summary line; exits non-zero when a step fails or a loss is not finite.
+loaded), and ``lerobot-train --policy.type=act|diffusion --steps N`` on the CPU: ACT with frames
+normalized by ImageNet's stats (LeRobot's default) and by the export's own ``stats.json``, and
+diffusion (ACT without its ImageNet backbone weights: nothing is downloaded here). Prints each
+step's loss and one JSON summary line; exits non-zero when a step fails or a loss is not finite.
 """
 
 import argparse
@@ -71,22 +72,28 @@ def make_venv(path: Path) -> None:
     run([*pip, "-e", f"{ROOT}[video]"])
 
 
-def train(venv_bin: Path, data: Path, out: Path, policy: str, args) -> list[float]:
+RUNS = {  # name: lerobot-train's flags beyond the common ones
+    "act": ["--policy.type=act", "--policy.pretrained_backbone_weights=null"],  # no download
+    "act, swm's image stats": [  # frames normalized by the export's stats.json, not ImageNet's
+        "--policy.type=act", "--policy.pretrained_backbone_weights=null",
+        "--dataset.use_imagenet_stats=false",
+    ],
+    "diffusion": ["--policy.type=diffusion"],
+}  # fmt: skip
+
+
+def train(venv_bin: Path, data: Path, out: Path, run_name: str, args) -> list[float]:
     """``lerobot-train`` for ``args.steps`` steps; the loss it logs at each."""
-    extra = {
-        "act": ["--policy.pretrained_backbone_weights=null"],  # no download here
-        "diffusion": [],
-    }[policy]
     command = [
-        str(venv_bin / "lerobot-train"), f"--policy.type={policy}", "--policy.device=cpu",
+        str(venv_bin / "lerobot-train"), *RUNS[run_name], "--policy.device=cpu",
         "--policy.push_to_hub=false", "--dataset.repo_id=swm/tworoom", f"--dataset.root={data}",
         "--dataset.video_backend=pyav", f"--output_dir={out}", f"--steps={args.steps}",
         f"--batch_size={args.batch_size}", "--log_freq=1", "--save_checkpoint=false",
-        "--eval_freq=0", "--num_workers=0", "--wandb.enable=false", *extra,
+        "--eval_freq=0", "--num_workers=0", "--wandb.enable=false",
     ]  # fmt: skip
     output = "".join(run(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}))
     losses = [float(x) for x in re.findall(r"\bloss:([-+0-9.eE]+|nan|inf)", output)]
-    print(f"{policy}: losses {losses}")
+    print(f"{run_name}: losses {losses}")
     return losses
 
 
@@ -103,7 +110,8 @@ def main() -> None:
     bin_ = args.venv / "bin"
     args.work.mkdir(parents=True, exist_ok=True)
     collected, exported = args.work / "tworoom.lance", args.work / "tworoom-lerobot"
-    for old in (collected, exported, args.work / "act", args.work / "diffusion"):
+    runs = {name: args.work / f"run-{index}" for index, name in enumerate(RUNS)}
+    for old in (collected, exported, *runs.values()):
         if old.exists():
             run(["rm", "-r", str(old)])
     swm = str(bin_ / "swm")
@@ -114,7 +122,7 @@ def main() -> None:
     offline = {**os.environ, "HF_HUB_OFFLINE": "1"}
     reader = last_json([str(bin_ / "python"), "-c", READER_CHECK, str(exported)], env=offline)
     print("LeRobotDataset:", reader)
-    losses = {p: train(bin_, exported, args.work / p, p, args) for p in ("act", "diffusion")}
+    losses = {name: train(bin_, exported, out, name, args) for name, out in runs.items()}
     versions = run([str(bin_ / "python"), "-c", "import lerobot, torch; "
                     "print(lerobot.__version__, torch.__version__)"])[0].split()  # fmt: skip
     summary = {

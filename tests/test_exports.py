@@ -93,9 +93,13 @@ def numbers_of(out: Path, layout: str) -> dict[str, np.ndarray]:
             for name in table.column_names if name not in ("pixels", "episode_idx", "step_idx")
         }  # fmt: skip
     columns = {}
+
+    def keep(name, item):
+        if isinstance(item, h5py.Dataset) and item.dtype.kind in "biuf":
+            columns[name] = item[()].astype(np.float64)
+
     with h5py.File(out if out.suffix == ".h5" else out / "data/main_data.hdf5") as file:
-        file.visititems(lambda name, o: columns.__setitem__(name, o[()].astype(np.float64))
-                        if isinstance(o, h5py.Dataset) and o.dtype.kind in "biuf" else None)
+        file.visititems(keep)
     return columns
 
 

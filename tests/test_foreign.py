@@ -407,6 +407,7 @@ def test_lerobots_own_reader_reads_the_export(swm_dataset, tmp_path):
     )
     out = tmp_path / "lerobot"
     assert swm("convert", swm_dataset, out, "--layout", "lerobot").exit_code == 0
-    dataset = lerobot.LeRobotDataset("swm/export", root=out)
+    # PyAV decodes (swm's [video] extra); LeRobot's default, torchcodec, needs a system FFmpeg
+    dataset = lerobot.LeRobotDataset("swm/export", root=out, video_backend="pyav")
     assert len(dataset) == 15 - 3  # each episode's last row is no frame (no action there)
     assert tuple(dataset[0]["observation.images.pixels"].shape) == (3, 32, 32)

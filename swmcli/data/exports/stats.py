@@ -80,7 +80,7 @@ def aggregate(episodes: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     weights = counts.reshape(-1, *[1] * np.ndim(episodes[0]["mean"])) / total
     means = np.stack([e["mean"] for e in episodes])
     mean = (means * weights).sum(axis=0)
-    variance = ((np.stack([e["std"] for e in episodes]) ** 2 + (means - mean) ** 2) * weights)
+    variance = (np.stack([e["std"] for e in episodes]) ** 2 + (means - mean) ** 2) * weights
     stats = {
         "min": np.min(np.stack([e["min"] for e in episodes]), axis=0),
         "max": np.max(np.stack([e["max"] for e in episodes]), axis=0),
