@@ -37,10 +37,11 @@ app = typer.Typer(
 )
 
 Json = Annotated[bool, typer.Option("--json", help="print the result as one JSON object")]
-# Another tool's dataset (stable-worldmodel, Minari): its column SRC read as swm's key DST.
+# Any dataset's column SRC read as the key DST (another tool's, or swm's own: on an export it
+# chooses the name written).
 MapOption = Annotated[
     list[str] | None,
-    typer.Option("--map", help="SRC=DST: another tool's column SRC as key DST (SRC= drops it)"),
+    typer.Option("--map", help="SRC=DST: the dataset's column SRC as key DST (SRC= drops it)"),
 ]
 
 
@@ -151,6 +152,8 @@ def collect(as_json: Json = False, **options: Any) -> None:
     "swm convert data/pusht_expert.lance data/pusht.lance   # stable-worldmodel's, into swm",
     "swm convert data/tiny.lance data/tiny-upstream.h5 --layout stable-worldmodel",
     "swm convert data/tiny.lance data/tiny-lerobot --layout lerobot",
+    "swm convert data/tiny.lance data/tiny-lerobot --layout lerobot --map goal=observation.goal_xy",
+    "swm convert data/tiny.lance ~/.minari/datasets/swm/tiny-v0 --layout minari",
 )
 def convert(
     src: Annotated[str, typer.Argument(help="dataset (path or s3:// URI) to read, never modified")],
@@ -162,7 +165,10 @@ def convert(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace DST if present")] = False,
     map_: MapOption = None,
     layout: Annotated[
-        str, typer.Option(help="swm; stable-worldmodel (Lance or HDF5, by DST suffix); lerobot v3")
+        str,
+        typer.Option(
+            help="swm; stable-worldmodel (Lance or HDF5, by DST suffix); lerobot v3; minari"
+        ),
     ] = "swm",
     skip_damaged: Annotated[
         bool, typer.Option("--skip-damaged", help="leave out episodes that fail their checksum")

@@ -9,9 +9,9 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from swmcli.data.copy import copy_dataset
-from swmcli.data.exports.layouts import LAYOUTS, export_dataset
-from swmcli.data.foreign.reader import parse_mapping
+from swmcli.data.exports.layouts import CONVENTIONS, LAYOUTS, export_dataset
 from swmcli.data.formats import open_reader
+from swmcli.data.mapping import parse_mapping
 from swmcli.data.verify import verify as verify_checksums
 from swmcli.errors import UsageError
 from swmcli.report import CommandResult, Table, progress, warn
@@ -30,8 +30,10 @@ def run_convert(
 ) -> CommandResult:
     """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given, with a progress bar; the result names both sizes.
-    ``mapping`` (``SRC=DST`` pairs) renames another tool's columns on the way in; ``layout``
-    "stable-worldmodel" writes that tool's own Lance or HDF5 layout instead of swm's.
+    ``mapping`` (``SRC=DST`` pairs) renames the source's columns on the way in (any source,
+    swm's own included: on an export it chooses the names written); ``layout``
+    "stable-worldmodel", "lerobot" or "minari" writes that tool's own layout instead of swm's,
+    and the result says, in one line, what that tool's convention made of the last row.
     ``monitor`` (a MemoryMonitor) measures it as the phase "convert"; ``skip_damaged`` leaves
     out (and counts) episodes that fail their checksum.
     """
@@ -67,6 +69,8 @@ def run_convert(
         "skipped_damaged_episodes": len(copied.skipped),
         "seconds": round(time.perf_counter() - started, 2),
     }
+    if layout in CONVENTIONS:
+        fields["convention"] = CONVENTIONS[layout]
     warnings = []
     if copied.skipped:
         shown = "; ".join(f"episode {e}: {why}" for e, why in list(copied.skipped.items())[:5])

@@ -22,6 +22,7 @@ from swmcli.config import format_name
 from swmcli.data.foreign.common import FOREIGN_FORMATS
 from swmcli.data.foreign.reader import detect as detect_foreign
 from swmcli.data.foreign.reader import open_reader as open_foreign
+from swmcli.data.mapping import MappedReader
 from swmcli.data.storage import folder, hdf5, lance
 from swmcli.data.storage import location as loc
 from swmcli.data.storage.containment import check_tree
@@ -92,12 +93,20 @@ def _module(fmt: str):
 
 def open_reader(path: str | Path, mapping: Mapping[str, str] | None = None) -> Reader:
     """Open the dataset at ``path`` for reading, whatever its format; another tool's dataset has
-    its columns renamed to swm's keys (``mapping`` {source: key} overrides the defaults)."""
+    its columns renamed to swm's keys, and ``mapping`` ({column: key}, ``--map``) renames or
+    leaves out the columns of any dataset, swm's own included."""
     path = as_location(path)
     fmt = detect(path)
     if fmt in FOREIGN_FORMATS:
         return open_foreign(path, fmt, mapping)
-    return _module(fmt).open_reader(path)
+    reader = _module(fmt).open_reader(path)
+    if not mapping:
+        return reader
+    try:
+        return MappedReader(reader, mapping)
+    except BaseException:
+        reader.close()
+        raise
 
 
 def resolve_format(path: str | Path, format: str | None = None) -> str:

@@ -1,5 +1,11 @@
 """stable-worldmodel's own Lance and HDF5 layouts, written (``swm convert --layout
 stable-worldmodel``): see ``layouts.py`` for what is kept exact.
+
+Rows are swm's (reset frame + T steps). The last row of an episode has no action (swm stores
+NaN there), and NaN would reach every batch of upstream's loader that holds that row, so the
+export follows stable-worldmodel 0.1.1's own convention instead: its ``World.collect`` rotates
+the actions left, so an episode's last row holds the episode's *first* action. swm's import sets
+that row back to NaN (it never trusts a last row's action), so a round trip is exact.
 """
 
 import io
@@ -17,6 +23,16 @@ JPEG_QUALITY = 95  # stable-worldmodel's own default
 
 
 _FLUSH_BYTES = 64 * 2**20  # encoded episodes held before they are appended to the Lance table
+
+
+def last_action_wrapped(episode) -> dict:
+    """``episode`` with its last row's action replaced by its first (0.1.1's rotation; zeros for
+    an episode of one row, which has no action at all)."""
+    if "action" not in episode:
+        return episode
+    action = np.array(episode["action"])
+    action[-1] = action[0] if len(action) > 1 else 0
+    return {**episode, "action": action}
 
 
 def _export_metadata(schema) -> str:
@@ -46,6 +62,7 @@ class LanceExport:
         import pyarrow as pa
 
         length = len(next(iter(episode.values())))
+        episode = last_action_wrapped(episode)
         arrays = [
             pa.array(np.full(length, self.num_episodes, np.int32)),
             pa.array(np.arange(length, dtype=np.int32)),
@@ -94,12 +111,17 @@ class LanceExport:
 
 
 def _jpeg(frame: np.ndarray) -> bytes:
+    return encoded(frame, "JPEG", quality=JPEG_QUALITY)
+
+
+def encoded(frame: np.ndarray, kind: str, **options) -> bytes:
+    """One frame as an image file's bytes (``kind`` "JPEG" or "PNG", Pillow's ``options``)."""
     from PIL import Image
 
     if frame.ndim == 3 and frame.shape[-1] == 1:
         frame = frame[..., 0]
     buffer = io.BytesIO()
-    Image.fromarray(np.asarray(frame, dtype=np.uint8)).save(buffer, "JPEG", quality=JPEG_QUALITY)
+    Image.fromarray(np.asarray(frame, dtype=np.uint8)).save(buffer, kind, **options)
     return buffer.getvalue()
 
 
@@ -122,6 +144,7 @@ class Hdf5Export:
 
     def write_episode(self, episode) -> int:
         length = len(next(iter(episode.values())))
+        episode = last_action_wrapped(episode)
         for key in self.schema:
             column = self._file[key]
             column.resize(self.num_steps + length, axis=0)

@@ -1,5 +1,6 @@
 """LeRobot v3 datasets, read: ``meta/info.json``, parquet data and episode files, MP4 videos
-holding several episodes each (decoded with PyAV: ``pip install 'swmcli[video]'``).
+holding several episodes each (decoded with PyAV: ``pip install 'swmcli[video]'``), or frames as
+PNG/JPEG bytes in the data parquet (LeRobot's image layout, ``use_videos=False``).
 
 ``info.json`` names the features (dtype, shape), the fps and the path templates of the data and
 video files; ``meta/episodes/*/*.parquet`` gives each episode its length, its rows in the data
@@ -8,7 +9,10 @@ key, its file and its ``from_timestamp`` there. A frame t holds the observation,
 at it and ``next.reward``/``next.done`` (what followed that action). In swm's convention the
 frames stay rows, the last action becomes NaN, and ``next.*`` move one row down (0/False on the
 first row; the last frame's ``next.*`` has no row). Video frames are matched by timestamp
-(``from_timestamp`` + the frame's own ``timestamp``), within half a frame.
+(``from_timestamp`` + the frame's own ``timestamp``), within half a frame. An export of swm's
+(``swm_last_rows`` in ``info.json``) keeps each episode's last row, which is no LeRobot frame (no
+action was taken there), in ``meta/swm_last_rows.parquet``: its episodes read back as the frames
+plus that row, so the import gives back swm's rows exactly.
 
 Untrusted input: the path templates may only name ``chunk_index``/``file_index``/``video_key``
 and every path they make must stay inside the dataset; counts and lengths are checked against the
@@ -22,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swmcli.data.foreign import jpeg
 from swmcli.data.foreign.common import DAMAGED_HINT, LEROBOT, reading
 from swmcli.data.foreign.jpeg import MAX_SIDE
 from swmcli.data.foreign.video import check_decoded, codec_name, decode_at
@@ -42,6 +47,12 @@ _ALIGNMENT = (
     "rows kept; last row's action set to NaN; next.* one row down (0/False on the first), the "
     "last frame's next.done kept on the last row (as terminated)"
 )
+_EXPORTED = "swm's LeRobot export: T frames, each episode's last row in meta/swm_last_rows.parquet"
+_EXPORTED_ALIGNMENT = (
+    "T+1 rows: the frames, then the last row; its action NaN; next.* one row down (0/False on "
+    "the first)"
+)
+LAST_ROWS = "meta/swm_last_rows.parquet"  # what swm's export names in info.json's swm_last_rows
 
 
 def detect(path: Path) -> str | None:
@@ -104,14 +115,15 @@ class LeRobotSource:
         if not self.fps > 0:
             raise DatasetError(f"{self.path}: fps {info['fps']} in info.json", DAMAGED_HINT)
         features = info["features"]
-        self._videos, self.columns, dropped = {}, {}, {}
+        self._videos, self._images, self.columns, dropped = {}, {}, {}, {}
         for name, feature in features.items():
             if name in _INDEX_FEATURES:
                 continue
             dtype, shape = feature.get("dtype"), _declared_shape(name, feature, self.path)
-            if dtype == "video":
-                self._videos[name] = _frame_shape(shape, feature.get("names"), self.path)
-                self.columns[name] = (np.dtype(np.uint8), self._videos[name])
+            if dtype in ("video", "image"):
+                frames = self._videos if dtype == "video" else self._images
+                frames[name] = _frame_shape(shape, feature.get("names"), self.path)
+                self.columns[name] = (np.dtype(np.uint8), frames[name])
             elif dtype in _NUMBERS:
                 if name == "action" and dtype not in ("float16", "float32", "float64"):
                     dtype = "float32"  # the last row's action is NaN
@@ -122,19 +134,25 @@ class LeRobotSource:
         self._data_template = _template(info, "data_path", self.path)
         self._video_template = _template(info, "video_path", self.path) if self._videos else None
         self._episodes = self._read_episodes(info)
-        self.lengths = self._episodes["length"]
+        self._frame_counts = self._episodes["length"]
         self._check_stored()
+        self._last = self._last_rows(info.get("swm_last_rows"))
+        self.lengths = self._frame_counts + (self._last is not None)
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
         self._files = {}  # data file -> (sorted global indices, their rows in the file)
         self._cache = {}  # (data file, column) -> its values
+        self._groups = {}  # parquet file -> its row groups (frames in parquet are read by group)
         self._video_frames = {}  # (video key, file) -> frames of the episodes it holds
-        codecs = sorted({self._codec(name) for name in self._videos})
+        codecs = {name: self._codec(name) for name in (*self._videos, *self._images)}
+        lossy = [name for name in self._videos] + [
+            name for name in self._images if not codecs[name].startswith("PNG")
+        ]
         self.defaults = self._default_keys(info.get("swm_keys"))
         self.info = {
-            "codec": ", ".join(codecs) if codecs else "parquet (numbers only)",
-            "lossy": f"frames ({', '.join(self._videos)})" if self._videos else False,
-            "convention": _CONVENTION,
-            "alignment": _ALIGNMENT,
+            "codec": ", ".join(sorted(set(codecs.values()))) or "parquet (numbers only)",
+            "lossy": f"frames ({', '.join(lossy)})" if lossy else False,
+            "convention": _CONVENTION if self._last is None else _EXPORTED,
+            "alignment": _ALIGNMENT if self._last is None else _EXPORTED_ALIGNMENT,
             "fps": self.fps,
         }
         if dropped:
@@ -196,12 +214,12 @@ class LeRobotSource:
         before it is checked."""
         import pyarrow.parquet as pq
 
-        files = {self._data_file(e): [] for e in range(len(self.lengths))}
-        for episode in range(len(self.lengths)):
+        files = {self._data_file(e): [] for e in range(len(self._frame_counts))}
+        for episode in range(len(self._frame_counts)):
             files[self._data_file(episode)].append(episode)
         for file, episodes in files.items():
             footer = pq.ParquetFile(file).metadata
-            claimed = int(self.lengths[episodes].sum())
+            claimed = int(self._frame_counts[episodes].sum())
             if claimed > footer.num_rows:
                 raise DatasetError(
                     f"{file}: its episodes claim {claimed} rows, it holds {footer.num_rows}",
@@ -210,6 +228,14 @@ class LeRobotSource:
         footer = pq.ParquetFile(self._data_file(0)).metadata
         for name, (_, shape) in self.columns.items():
             if name in self._videos:
+                continue
+            if name in self._images:
+                if _values_per_row(footer, f"{name}.bytes") != 1:
+                    raise DatasetError(
+                        f"{self.path}: info.json declares the image {name}, its data holds no "
+                        "image bytes for it",
+                        DAMAGED_HINT,
+                    )
                 continue
             per_row = _values_per_row(footer, name)
             if per_row is None:
@@ -229,9 +255,31 @@ class LeRobotSource:
         if isinstance(exported, dict):
             return {str(name): str(key) for name, key in exported.items() if name in self.columns}
         keys = {name: key for name, key in _KEYS.items() if name in self.columns}
-        if self._videos:
-            keys[next(iter(self._videos))] = "pixels"
+        frames = [name for name in self.columns if name in self._videos or name in self._images]
+        if frames:
+            keys[frames[0]] = "pixels"
         return keys
+
+    def _last_rows(self, relative) -> dict | None:
+        """swm's export: each episode's last row, by column (frames as PNG bytes), or None."""
+        import pyarrow.parquet as pq
+
+        if relative is None:
+            return None
+        file = inside(self.path, str(relative))
+        footer = pq.ParquetFile(file).metadata
+        if footer.num_rows != len(self._frame_counts):
+            raise DatasetError(
+                f"{file}: {footer.num_rows} last rows for {len(self._frame_counts)} episodes",
+                DAMAGED_HINT,
+            )
+        names = [n for n in pq.ParquetFile(file).schema_arrow.names if n in self.columns]
+        for name in names:
+            images = name in self._videos or name in self._images
+            per_row = _values_per_row(footer, name)
+            if per_row != (1 if images else max(int(np.prod(self.columns[name][1])), 1)):
+                raise DatasetError(f"{file}: {name} does not hold one row's values", DAMAGED_HINT)
+        return {"file": file, "names": names, "values": {}}
 
     def _data_file(self, episode: int) -> Path:
         relative = self._data_template.format(
@@ -297,46 +345,102 @@ class LeRobotSource:
         values = self._column(file, name)
         out[valid] = values[self._positions(file, start + source)]
         last = steps == self.lengths[episode] - 1
-        if name in _ARRIVAL and dtype.kind == "b" and last.any():  # the episode's end stays on it
+        if self._last is None and name in _ARRIVAL and dtype.kind == "b" and last.any():
+            # a LeRobot episode ends on a frame: its end stays on it
             final = self._positions(file, np.array([start + self.lengths[episode] - 1]))
             out[last] |= values[final[0]]
         return out
 
     def _frames(self, name: str, episode: int, steps: np.ndarray) -> np.ndarray:
+        file = self._data_file(episode)
+        positions = self._positions(file, self._episodes["dataset_from_index"][episode] + steps)
+        if name in self._images:
+            blobs = self._blobs(file, f"{name}", positions, "bytes")
+            return jpeg.decode(blobs, self._images[name], f"{file} ({name})")
         video = self._video_file(name, episode)
         check_decoded(video.stat().st_size, self._frames_in(name, video), self._videos[name], video)
-        file = self._data_file(episode)
-        indices = self._episodes["dataset_from_index"][episode] + steps
-        stamps = self._column(file, "timestamp")[self._positions(file, indices)]
+        stamps = self._column(file, "timestamp")[positions]
         start = self._episodes[f"videos/{name}/from_timestamp"][episode]
         return decode_at(video, start + stamps.astype(np.float64), self.fps, self._videos[name])
+
+    def _blobs(self, file: Path, name: str, positions: np.ndarray, field=None) -> list[bytes]:
+        """The bytes of ``name`` at these rows of a parquet ``file`` (its ``field`` for a
+        struct column such as LeRobot's images), reading only the row groups that hold them."""
+        import pyarrow.parquet as pq
+
+        if file not in self._groups:
+            handle = pq.ParquetFile(file)
+            rows = [handle.metadata.row_group(g).num_rows for g in range(handle.num_row_groups)]
+            self._groups[file] = (handle, np.cumsum([0, *rows]))
+        handle, bounds = self._groups[file]
+        groups = np.searchsorted(bounds, positions, side="right") - 1
+        out = [b""] * len(positions)
+        for group in np.unique(groups):
+            column = handle.read_row_group(int(group), columns=[name]).column(name)
+            where = np.flatnonzero(groups == group)
+            taken = column.take(positions[where] - bounds[group])
+            values = taken.combine_chunks().field(field) if field else taken
+            for slot, blob in zip(where, values.to_pylist(), strict=True):
+                if not isinstance(blob, bytes):
+                    raise DatasetError(f"{file}: {name} holds no frame bytes", DAMAGED_HINT)
+                out[slot] = blob
+        return out
+
+    def _last_values(self, name: str, episodes: np.ndarray) -> np.ndarray:
+        """``name`` on the last row of these episodes (swm's export keeps it beside the frames)."""
+        dtype, shape = self.columns[name]
+        if name in self._videos or name in self._images:
+            blobs = self._blobs(self._last["file"], name, episodes)
+            return jpeg.decode(blobs, shape, f"{self._last['file']} ({name})")
+        if name not in self._last["values"]:
+            import pyarrow.parquet as pq
+
+            column = pq.read_table(self._last["file"], columns=[name]).column(name)
+            flat = column.combine_chunks()
+            flat = flat.flatten() if hasattr(flat, "flatten") else flat
+            values = flat.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
+            self._last["values"][name] = values.astype(dtype)
+        return self._last["values"][name][episodes]
 
     def _frames_in(self, name: str, video: Path) -> int:
         """Frames of every episode whose ``name`` frames are in the file ``video``."""
         if (name, video) not in self._video_frames:
-            episodes = range(len(self.lengths))
+            episodes = range(len(self._frame_counts))
             held = [e for e in episodes if self._video_file(name, e) == video]
-            self._video_frames[name, video] = int(self.lengths[held].sum())
+            self._video_frames[name, video] = int(self._frame_counts[held].sum())
         return self._video_frames[name, video]
 
     def _codec(self, name: str) -> str:
         with reading(self.path):
+            if name in self._images:
+                file = self._data_file(0)
+                start = self._episodes["dataset_from_index"][0]
+                blob = self._blobs(file, name, self._positions(file, np.array([start])), "bytes")
+                return jpeg.codec(blob[0])[0]
             return codec_name(self._video_file(name, 0))
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         episodes = np.searchsorted(self.offsets, rows, side="right") - 1
         dtype, shape = self.columns[name]
         out = np.empty((len(rows), *shape), dtype=dtype)
-        read = self._frames if name in self._videos else self._numbers
+        frames = name in self._videos or name in self._images
+        read = self._frames if frames else self._numbers
+        kept = self._last is not None and name in self._last["names"]
         with reading(self.path):
             for episode in np.unique(episodes):
-                where = episodes == episode
-                out[where] = read(name, int(episode), rows[where] - self.offsets[episode])
+                where = np.flatnonzero(episodes == episode)
+                steps = rows[where] - self.offsets[episode]
+                last = steps == self._frame_counts[episode] if kept else np.zeros(len(steps), bool)
+                if last.any():
+                    out[where[last]] = self._last_values(name, np.array([episode]))
+                if (~last).any():
+                    out[where[~last]] = read(name, int(episode), steps[~last])
         return out
 
     def close(self) -> None:
         self._cache.clear()
         self._files.clear()
+        self._groups.clear()
 
 
 def _declared_shape(name: str, feature, where) -> tuple[int, ...]:

@@ -49,6 +49,12 @@ def open_source(path: Path):
     return MinariSource(path)
 
 
+def _holds_infos(group) -> bool:
+    """Whether an episode carries per-step info dicts (an empty ``infos`` group holds none)."""
+    infos = group.get("infos")
+    return infos is not None and len(infos) > 0
+
+
 def _is_jpeg_column(dataset) -> bool:
     import h5py
 
@@ -114,7 +120,7 @@ class MinariSource:
             "lossy": f"frames ({', '.join(sorted(self._jpeg))})" if self._jpeg else False,
             "convention": _CONVENTION,
             "alignment": _ALIGNMENT,
-            "not_imported": {"infos": "per-step info dicts"} if first and "infos" in first else {},
+            "not_imported": {"infos": "per-step info dicts"} if _holds_infos(first) else {},
         }
 
     def _codec(self, first) -> str:
@@ -149,11 +155,14 @@ class MinariSource:
         return dtype, shape
 
     def _default_keys(self) -> dict[str, str]:
+        """swm's keys: observations by their own names (a single one: ``state``), the first
+        image ``pixels`` unless one is already called so."""
         keys = {"actions": "action", **_ARRIVAL}
+        named = "observations/pixels" in self.columns
         for name, (_, shape) in self.columns.items():
             if name.startswith("observations"):
                 leaf = name.partition("/")[2]
-                image = len(shape) >= 2 and "pixels" not in keys.values()
+                image = len(shape) >= 2 and not named and "pixels" not in keys.values()
                 keys[name] = "pixels" if image else (leaf or "state")
         return keys
 

@@ -31,17 +31,16 @@ from swmcli.data.foreign.common import (
     UPSTREAM_VIDEO,
     Source,
 )
+from swmcli.data.mapping import map_columns, said
 from swmcli.data.storage.location import nbytes_under
 from swmcli.data.storage.schema import (
-    INDEX_COLUMNS,
     Schema,
     check_keys,
     is_image,
     offsets_from_lengths,
     take_rows,
 )
-from swmcli.errors import DatasetError, SwmError, UsageError, first_line
-from swmcli.names import bad_name
+from swmcli.errors import DatasetError, SwmError, first_line
 
 _PROVENANCE = ("codec", "lossy", "convention")
 
@@ -51,18 +50,6 @@ def detect(path: Path) -> str | None:
     directory; never opens a Lance dataset (that would make this process unsafe to fork)."""
     found = upstream.detect(path) or upstream_files.detect(path) or minari.detect(path)
     return found or lerobot.detect(path)
-
-
-def parse_mapping(pairs: list[str] | None) -> dict[str, str]:
-    """``["observation.image=pixels", ...]`` -> ``{"observation.image": "pixels"}``; an empty
-    DST (``SRC=``) leaves the column out."""
-    mapping = {}
-    for pair in pairs or []:
-        source, sep, target = pair.partition("=")
-        if not sep or not source.strip():
-            raise UsageError(f"--map takes SRC=DST, got {pair!r}", hint="e.g. --map rgb=pixels")
-        mapping[source.strip()] = target.strip()
-    return mapping
 
 
 def open_reader(path: Path, format: str, mapping: Mapping[str, str] | None = None):
@@ -95,23 +82,6 @@ def documented_errors(path: Path):
         ) from None
 
 
-def _check_key(path: Path, name: str, key: str, given: bool) -> None:
-    """A key names files and columns of what is written from it: checked before any is."""
-    why = bad_name(key)
-    if why is None:
-        return
-    if given:
-        raise UsageError(
-            f"--map {name}={key}: the key {key!r} {why}",
-            hint="map it to a plain name: letters, digits, '_', '-', '.' (no '/', no '..')",
-        )
-    raise DatasetError(
-        f"{path}: its column {name!r} would become the key {key!r}, which {why}",
-        hint="a dataset names its keys with plain names: give this one another with --map "
-        f"'{name}=NAME', or leave it out with --map '{name}='",
-    )
-
-
 def default_key(name: str) -> str:
     """swm's key for a source column: the same name, with the dots Lance refuses as ``_``."""
     return name.replace(".", "_")
@@ -125,24 +95,8 @@ class ForeignReader:
 
     def __init__(self, path: Path, format: str, source: Source, mapping: Mapping[str, str]):
         self.path, self.format, self._source = path, format, source
-        unknown = [name for name in mapping if name not in source.columns]
-        if unknown:
-            raise UsageError(
-                f"--map names {', '.join(map(repr, unknown))}, not a column of {path}",
-                hint=f"its columns: {', '.join(source.columns)}",
-            )
-        self._names = {}  # swm key -> source column
-        for name in source.columns:
-            key = mapping.get(name, source.defaults.get(name, default_key(name)))
-            if not key:
-                continue
-            _check_key(path, name, key, given=name in mapping)
-            if key in self._names or key in INDEX_COLUMNS:
-                raise UsageError(
-                    f"{name!r} and {self._names.get(key, 'the index')!r} both map to {key!r}",
-                    hint="give one of them another name with --map SRC=DST (SRC= leaves it out)",
-                )
-            self._names[key] = name
+        defaults = {name: default_key(name) for name in source.columns}
+        self._names = map_columns(path, source.columns, mapping, {**defaults, **source.defaults})
         self.keys: Schema = {key: source.columns[name] for key, name in self._names.items()}
         # Float frames are read as uint8 once, here (x 255, rounded): swm's pixels are bytes.
         self._float_frames = {
@@ -155,19 +109,15 @@ class ForeignReader:
         self.num_episodes = len(self.episode_lengths)
         self.num_steps = int(self.episode_lengths.sum())
         action = self.keys.get("action")
-        renamed = {name: key for key, name in self._names.items() if name != key}
-        left_out = [name for name in source.columns if name not in self._names.values()]
         # "source_*": read as provenance once ``swm convert`` has copied them into swm's format
         self.metadata = {
             "source_format": format,
             **{f"source_{k}" if k in _PROVENANCE else k: v for k, v in source.info.items()},
-            "mapping": renamed or "same names",
+            **said(self._names, source.columns),
             "env_id": None,
             "resolution": _side(self.keys.get("pixels")),
             "action_dim": int(np.prod(action[1])) if action else None,
         }
-        if left_out:
-            self.metadata["left_out_by_map"] = left_out
         if self._float_frames:
             self.metadata["frame_conversion"] = (
                 f"{', '.join(sorted(self._float_frames))}: float values in [0, 1] read as uint8 "

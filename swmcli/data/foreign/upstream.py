@@ -44,6 +44,10 @@ _RELEASE = (
     "stable-worldmodel 0.1.1: reset frame not recorded, actions rotated (the last row holds the "
     "episode's first action)"
 )
+_EXPORTED = (
+    "swm's export: reset frame + T steps, the last row holding the episode's first action "
+    "(0.1.1's rotation)"
+)
 
 
 def detect(path: Path) -> str | None:
@@ -192,6 +196,7 @@ class UpstreamLance:
             self.info["not_imported"] = dropped
         if self._exported:
             self.info["exported_by"] = "swm (its dtypes and shapes restored)"
+            self.info.update(self._align.said(_EXPORTED))
 
     def _guard(self, read):
         with reading(self.path):
@@ -397,6 +402,7 @@ class UpstreamHdf5:
             self.info["not_imported"] = dropped
         if EXPORT_KEY in self._file.attrs:
             self.info["exported_by"] = "swm"
+            self.info.update(self._align.said(_EXPORTED))
 
     def _rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         dataset = self._file[name]

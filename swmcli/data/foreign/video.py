@@ -30,9 +30,10 @@ def _check_size(stream, shape: tuple, where) -> None:
 
 
 def codec_name(source) -> str:
-    """``h264 video``, ``av1 video``, ... of a video file (or file-like object)."""
+    """``h264 video``, ``av1 video``, ... of a video file (or file-like object): the codec, not
+    the decoder FFmpeg picked for it (AV1 decodes with ``libdav1d``)."""
     with _pyav().open(source if hasattr(source, "read") else str(source)) as container:
-        return f"{container.streams.video[0].codec_context.name} video"
+        return f"{container.streams.video[0].codec_context.codec.canonical_name} video"
 
 
 def frame_shape(source, where=None) -> tuple[int, int, int]:

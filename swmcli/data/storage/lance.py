@@ -94,6 +94,16 @@ def _mark_opened() -> None:
     _opened_by = os.getpid()
 
 
+def _check_column_names(schema) -> None:
+    """Lance reads a '.' in a column name as a struct's field: such a key is refused up front."""
+    dotted = [key for key in schema if "." in key]
+    if dotted:
+        raise UsageError(
+            f"a Lance dataset takes no '.' in a key: {', '.join(map(repr, dotted))}",
+            hint="name it without '.' (--map SRC=NAME), or write HDF5 (an .h5 destination)",
+        )
+
+
 def _arrow_schema(schema, metadata: dict):
     import pyarrow as pa
 
@@ -501,6 +511,7 @@ class LanceWriter:
         _mark_opened()
         if self.schema is None:
             self.schema = episode_schema(episode)
+            _check_column_names(self.schema)
             meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
             self._arrow = _arrow_schema(self.schema, meta)
         check_schema(self.schema, episode, self.path)
