@@ -13,27 +13,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from test_foreign import read_all, swm
 
-from swmcli.cli import app
 from swmcli.data.exports import stats as lerobot_stats
 from swmcli.data.formats import detect, open_reader
 
-runner = CliRunner()
 LEROBOT = Path(__file__).parent / "fixtures" / "lerobot"
 SIDE = 32
-
-
-def swm(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def read_all(path, **kwargs) -> list[dict]:
-    reader = open_reader(path, **kwargs)
-    try:
-        return [reader.read_episode(i) for i in range(reader.num_episodes)]
-    finally:
-        reader.close()
 
 
 @pytest.fixture(scope="module")
