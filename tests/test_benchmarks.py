@@ -73,6 +73,14 @@ def test_overhead_benchmark_runs_swm_the_bare_loop_and_the_ceiling(tmp_path):
     assert out.splitlines()[-2].endswith("True")  # swm / bare: the same losses at every step
 
 
+def test_memprofile_time_benchmark_times_start_up_and_a_command():
+    """benchmarks/memprofile_time.py, once, on the tiny preset: it runs and prints each row."""
+    out = _run("memprofile_time.py", "--repeats", "1", "--commands", "tiny")
+    rows = ("start-up: imports ", "start-up: imports + torch._dynamo ", "tiny ", "load average")
+    for row in rows:
+        assert row in out
+
+
 def test_independent_peak_agrees_with_memprofiles_cpu_prediction():
     """benchmarks/independent_peak.py (no swm inside) against `swm memprofile --predict-for cpu`
     for the conv + GroupNorm test model with bf16 and checkpointing, at a toy size."""

@@ -174,7 +174,6 @@ def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
     """A fresh CUDA model, batch and (for training) optimizer, bound into one step callable."""
     import copy
 
-
     runner = cuda_runner(variant)
     plain = predictor.model(variant.history_len, variant.frameskip, variant.checkpointing)
     model = runner.prepare(copy.deepcopy(plain))
@@ -359,7 +358,14 @@ def _fit_budget(cfg: SwmConfig, predictor: PeakPredictor, rows: list[Row]):
         return predictor.needed_bytes(replace(configured, batch_size=batch_size))
 
     batch = configured.batch_size
-    known = {batch: need(batch), 2 * batch: need(2 * batch)}
+    # The search starts from two predictions: the rows of this step at other batch sizes (the
+    # half-batch row) are already made; twice the batch is predicted only without one.
+    known = {batch: need(batch)}
+    for row in rows:
+        if row.predicted and replace(row.variant, batch_size=batch) == configured:
+            known[row.variant.batch_size] = need(row.variant.batch_size)
+    if len(known) < 2:
+        known[2 * batch] = need(2 * batch)
     best = largest_fitting(need, budget, known) // configured.ranks * configured.ranks
     if not best:
         return 0, None
@@ -485,11 +491,10 @@ def _notes(on_cuda: bool, fields: dict[str, Any], snapshot: Path | None) -> list
     buffer_bytes = fields["buffer_ram_bytes"]
     notes = [
         *_semantics_notes(fields["predicted_for"]),
-        "Training rows: two AdamW steps (the second with optimizer state); eval rows: one "
-        "forward of encode + predict on the same batch.",
+        "Training rows: an AdamW step with its optimizer state alive (as a second step); eval "
+        "rows: one forward of encode + predict on the same batch.",
         f"On-disk sizes scale a real sample of {sample_steps} steps written in each format.",
-        f"ReplayBuffer RAM: {format_gb(buffer_bytes)} for --max-steps {max_steps} "
-        "(GB = 10^9 B).",
+        f"ReplayBuffer RAM: {format_gb(buffer_bytes)} for --max-steps {max_steps} (GB = 10^9 B).",
     ]
     if buffer_bytes > fields["host_available_bytes"]:
         fitting = fields["host_available_bytes"] // fields["buffer_bytes_per_step"]

@@ -22,10 +22,16 @@ import numpy as np
 from swmcli.config import SwmConfig, with_settings
 from swmcli.errors import BudgetExceeded
 from swmcli.host import available_host_bytes
-from swmcli.memory.levers import blocks, checkpoint_activations, make_optimizer
+from swmcli.memory.levers import (
+    InBackwardOptimizer,
+    blocks,
+    checkpoint_activations,
+    make_optimizer,
+)
 from swmcli.memory.trace import (
     CUDA_BLOCK_BYTES,
     StepPeak,
+    copy_sharing_weights,
     cuda_allowance_bytes,
     cuda_autocast_on_cpu,
     recompute_with_cuda_casts,
@@ -117,6 +123,26 @@ def train_step(
     optimizer_step(objective, optimizer, [batch] * micro_batches, runner, grad_clip, micro_batches)
 
 
+def make_optimizer_state(model, optimizer) -> None:
+    """The optimizer state a second training step starts with (AdamW's moments), made by one
+    update from zero gradients, which are then freed: a step traced after it peaks as the second
+    step of training does (its state alive throughout), without tracing a first forward and
+    backward (half of a trace's time). The first step never peaks higher: it holds the same
+    tensors, less the state during its forward and backward."""
+    import torch
+
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    for parameter in parameters:
+        parameter.grad = torch.zeros_like(parameter)
+    if isinstance(optimizer, InBackwardOptimizer):  # one optimizer per parameter
+        for one in optimizer.optimizers.values():
+            one.step()
+    else:
+        optimizer.step()
+    for parameter in parameters:
+        parameter.grad = None
+
+
 def eval_step(model, batch, runner, grad_free: bool):
     """One eval forward: encode the clip and predict next latents (kept alive until returned)."""
     if grad_free:
@@ -138,7 +164,6 @@ def clip_batch(step: dict[str, np.ndarray], variant: Variant, device: str = "cpu
     """
     import torch
 
-
     batch = {}
     leading = (variant.rank_batch_size, variant.history_len)
     for key in TRAIN_KEYS:
@@ -157,7 +182,6 @@ def clip_batch(step: dict[str, np.ndarray], variant: Variant, device: str = "cpu
 def cuda_runner(variant: Variant):
     """A Runner on the GPU in ``variant``'s precision, for measuring the same step for real."""
     import torch
-
 
     dtype = torch.bfloat16 if variant.bf16 else torch.float32
     return Runner(torch.device("cuda"), dtype, "memprofile", compile=variant.compile)
@@ -225,19 +249,21 @@ class PeakPredictor:
 
     def model(self, history_len: int, frameskip: int, checkpointing: str | None = None):
         """The real (CPU) world model for these clip settings (its ``checkpointing`` modules
-        wrapped); traces use fake copies of it."""
+        wrapped); traces use fake copies of it. Built once per clip shape: the checkpointed
+        model is the plain one's structure, wrapped, sharing its weights."""
         key = (history_len, frameskip, checkpointing)
         if key not in self._models:
-
-            shape = {
-                "resolution": self.cfg.env.resolution,
-                "action_dim": self.action_dim,
-                "frameskip": frameskip,
-                "history_len": history_len,
-            }
-            model = build_model(self.cfg.model, shape)
             if checkpointing:
+                model = copy_sharing_weights(self.model(history_len, frameskip))
                 checkpoint_activations(model, checkpointing)
+            else:
+                shape = {
+                    "resolution": self.cfg.env.resolution,
+                    "action_dim": self.action_dim,
+                    "frameskip": frameskip,
+                    "history_len": history_len,
+                }
+                model = build_model(self.cfg.model, shape)
             self._models[key] = model
         return self._models[key]
 
@@ -249,7 +275,6 @@ class PeakPredictor:
         """
         variant = replace(variant, compile=False)
         if variant not in self._peaks:
-
             start = time.perf_counter()
             model = self.model(variant.history_len, variant.frameskip, variant.checkpointing)
             data_parallel = variant.kind == "train" and variant.ranks > 1
@@ -279,8 +304,8 @@ class PeakPredictor:
             micro_batches = traced_micro_batches(self.cfg, variant)
 
             def run() -> None:
-                for _ in range(2):  # the second step runs with optimizer state, as training does
-                    train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
+                make_optimizer_state(model, optimizer)
+                train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
 
             return batch, run
 
@@ -380,7 +405,6 @@ def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device
     naming the largest (global) batch size that fits.
     """
     import torch
-
 
     probe = with_settings(cfg, {"env.resolution": resolution})
     step = {

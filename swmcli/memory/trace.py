@@ -140,9 +140,14 @@ class CategorisedLiveBytes:
         from torch.utils._pytree import tree_leaves
 
         tracker = self
+        reads_device = torch.ops.prim.device.default
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is reads_device:
+                    # Allocates nothing, and most calls of a fake step are these (the autograd
+                    # engine and every foreach kernel ask each tensor): the tensor answers.
+                    return args[0].device
                 out = func(*args, **(kwargs or {}))
                 category = tracker._category_now()
                 for leaf in tree_leaves((out, args, kwargs)):
@@ -183,8 +188,8 @@ def trace_step_peak(
     """The peak of live tensor bytes, by category, of a step run on ``module``.
 
     ``make_step(module)`` returns ``(inputs, run)``: the step's inputs (tensors already "on the
-    device") and a callable doing the work measured (e.g. two optimizer steps, so optimizer state
-    exists; or one eval forward). Parameters, buffers and inputs count as alive from the start.
+    device") and a callable doing the work measured (e.g. an optimizer step after its state was
+    made; or one eval forward). Parameters, buffers and inputs count as alive from the start.
 
     With ``fake`` the step runs on a fake copy of ``module`` (FakeTensorMode: exact shapes,
     dtypes and storage sizes, no memory touched), so a step needing tens of GB traces in about a
@@ -209,12 +214,20 @@ def trace_step_peak(
 
 def _fake_copy(module, mode):
     """A copy of ``module`` whose parameters and buffers are fake tensors of ``mode``."""
+    # Built real, then converted: a module built under a fake mode breaks where it deep-copies
+    # its layers (nn.TransformerEncoder does). ``_apply`` swaps the shared real tensors for fakes
+    # in the copy's own dicts, so ``module`` is left as it was and its weights are never copied.
+    return copy_sharing_weights(module)._apply(mode.from_tensor)
+
+
+def copy_sharing_weights(module):
+    """A deep copy of ``module`` (its own submodules, attributes and parameter dicts) that shares
+    its parameters and buffers: a large model's weights (680 MB at 170 M parameters) are not
+    copied to change its structure or to trace it."""
     import copy
 
-    # Built real, then converted: a module built under a fake mode breaks where it deep-copies
-    # its layers (nn.TransformerEncoder does), and a small model's real weights cost little.
-    duplicate = copy.deepcopy(module)
-    return duplicate._apply(mode.from_tensor)
+    shared = {id(tensor): tensor for tensor in (*module.parameters(), *module.buffers())}
+    return copy.deepcopy(module, shared)
 
 
 def _new_fake_mode():
