@@ -19,7 +19,8 @@ alternating round after round so that a change of load hits all three alike:
 Paths: ``stream`` (Lance, ``--no-in-memory``), ``memory`` (a ReplayBuffer loaded with the same
 episodes, ``--in-memory``), ``online`` (a policy collecting while the model trains: the bare loop
 reads the same ``OnlineFeed``; there is no ceiling for it) and ``nproc`` (``--nproc 2``: two
-gloo ranks under torchrun, each with its half of every batch; the bare loop is two DDP ranks).
+gloo ranks under torchrun, each with its half of every batch, streamed from Lance
+as the bare loop's two DDP ranks read it).
 Steps/s are the steady state: from the end of the first step (which builds the loader and, for
 swm, includes its preflight) to the end of the last, checkpoints and logging included. Each
 row gives min/median/max over the rounds of swm's steps/s over the other's, with the page
@@ -52,7 +53,7 @@ def settings(data: Path, steps: int, path: str) -> dict:
         "train.steps": steps,
         "runtime.cpu_threads": 1,
         "eval.heldout_episodes": 4,  # every other episode is trained on
-        "data.in_memory": {"stream": False, "memory": True}.get(path),
+        "data.in_memory": {"stream": False, "memory": True, "nproc": False}.get(path),
     }
     if path == "online":
         flags.update({"online.enabled": True, "online.warmup_steps": 64, "data.in_memory": None})
