@@ -226,6 +226,11 @@ class ModelConfig(Section):
         description="weight of the multi-step loss: the predictor rolled out over the clip from "
         "its first latent, its own predictions fed back (what planning does)",
     )
+    proprio: bool = Field(
+        False,
+        description="feed the agent's own state (the data's proprio key: Push-T's position and "
+        "velocity) to the model beside the pixels; the planner then counts it in its cost",
+    )
 
     @model_validator(mode="after")
     def _heads_divide_widths(self) -> "ModelConfig":
@@ -384,6 +389,12 @@ class EvalConfig(Section):
         description="latent distance to the goal at the last or every planned block",
     )
     replan_every: PositiveInt = Field(1, description="planned blocks executed before replanning")
+    proprio_weight: float = Field(
+        1.0,
+        ge=0,
+        description="weight of the agent's state in the planning cost, beside the latent's "
+        "(models trained with model.proprio)",
+    )
     step_budget: PositiveInt | None = Field(
         None,
         description="env steps per planning episode; default: twice goal_offset "

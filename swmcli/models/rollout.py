@@ -1,10 +1,19 @@
-"""The predictor rolled out: latents imagined from a history and action plans, fed back in.
+"""The predictor rolled out: latents imagined from a history and action plans, fed back in;
+and observations encoded, with the agent's state where the model takes it.
 
 What planning scores (``planning.planners``) and what the multi-step loss trains
 (``models.losses``); any protocol model rolls out the same way.
 """
 
 import torch
+
+
+def encode_observation(model, observation: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``model.encode`` of an observation's (or a batch's) ``pixels``, with its ``proprio``
+    when it holds one (read only for models trained with ``model.proprio``)."""
+    if "proprio" in observation:
+        return model.encode(observation["pixels"], observation["proprio"])
+    return model.encode(observation["pixels"])
 
 
 def rollout(model, history: torch.Tensor, past_actions: torch.Tensor, plans: torch.Tensor):
