@@ -668,8 +668,17 @@ def resolve_config(
             )
         tree = _merge(tree, upgrade(_read_config_file(path)))
     if config_file is not None:
-        tree = _merge(tree, upgrade(_read_config_file(config_file)))
-    return _validated(_merge(tree, _settings_tree(sets, flags)))
+        tree = _merge_layer(tree, upgrade(_read_config_file(config_file)))
+    return _validated(_merge_layer(tree, _settings_tree(sets, flags)))
+
+
+def _merge_layer(below: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    """``layer`` over ``below``. An env's kwargs are that env's: a layer that names another env
+    (``--preset pusht-64 --env stable_worldmodel:swm/PushT-v1``) drops the kwargs below it."""
+    env_below, env_layer = below.get("env") or {}, layer.get("env") or {}
+    if "id" in env_layer and env_layer["id"] != env_below.get("id", EnvConfig().id):
+        below = {**below, "env": {k: v for k, v in env_below.items() if k != "kwargs"}}
+    return _merge(below, layer)
 
 
 def save_config(config: SwmConfig, directory: Path) -> Path:

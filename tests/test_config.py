@@ -276,3 +276,19 @@ def test_every_setting_has_a_description():
     for name, section in SwmConfig.model_fields.items():
         for key, field in section.annotation.model_fields.items():
             assert field.description, f"{name}.{key}"
+
+
+def test_an_env_named_over_a_preset_does_not_inherit_the_presets_env_kwargs():
+    # gym-pusht's observation_width would break stable-worldmodel's PushT constructor.
+    other = resolve_config("pusht-64", flags={"env.id": "stable_worldmodel:swm/PushT-v1"})
+    assert other.env.id == "stable_worldmodel:swm/PushT-v1" and other.env.kwargs == {}
+    own = resolve_config(
+        "pusht-64",
+        flags={"env.id": "stable_worldmodel:swm/PushT-v1"},
+        sets=["env.kwargs={resolution=64, with_target=false}"],
+    )
+    assert own.env.kwargs == {"resolution": 64, "with_target": False}
+    same = resolve_config("pusht-64", flags={"env.id": "gym_pusht:gym_pusht/PushT-v0"})
+    assert same.env.kwargs == {"observation_width": 64, "observation_height": 64}
+    one_more = resolve_config("pusht-64", sets=["env.kwargs.observation_width=32"])
+    assert one_more.env.kwargs == {"observation_width": 32, "observation_height": 64}

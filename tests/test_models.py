@@ -169,7 +169,7 @@ def test_proprio_joins_the_latent_standardized_and_is_required_once_trained_with
     assert model.predict(latents[:, :-1], batch["action"][:, :-1]).shape == (6, 2, 20)
     loss = Objective(model, TINY)({**batch, "proprio": proprio})["loss"]
     assert torch.isfinite(loss)
-    with pytest.raises(UsageError, match="model.proprio"):
+    with pytest.raises(UsageError, match=r"model\.proprio"):
         model.encode(batch["pixels"])
 
 

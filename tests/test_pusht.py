@@ -161,5 +161,5 @@ def test_a_model_trained_with_proprio_plans_with_the_goal_state_and_refuses_rand
     random_goals = resolve_config(
         config_file=pusht_run.parent / "p" / "config.json", flags={"eval.protocol": "random-goal"}
     )
-    with pytest.raises(UsageError, match="model.proprio"):
+    with pytest.raises(UsageError, match=r"model\.proprio"):
         _goal_episodes(random_goals)

@@ -7,9 +7,10 @@ dataset`` needs), when that goal is reached (``reached``), and which scripted po
 ``expert``. swm's own TwoRoom is one plugin; gym-pusht's Push-T is another; an env that follows
 stable-worldmodel's convention (its ``reset`` takes ``options={"state", "goal_state"}``, it has
 ``_set_state`` and ``_set_goal_state``, and its own ``terminated`` fires at the goal, as its
-``swm/PushT-v1`` does, whose observation holds ``proprio``) needs no plugin of its own. Any
-other env gets the empty plugin: it is collected, trained on and evaluated open-loop, and
-``--protocol dataset`` refuses it in one line.
+``swm/PushT-v1`` does, whose observation holds ``proprio``) needs no plugin of its own;
+``swm/PushT-v1``'s adds its own expert (``WeakPolicy``). Any other env gets the empty plugin:
+it is collected, trained on and evaluated open-loop, and ``--protocol dataset`` refuses it in
+one line.
 """
 
 from __future__ import annotations
@@ -67,6 +68,23 @@ def _own_termination(env, terminated: bool, info: dict, goal_state) -> bool:
     return bool(terminated)
 
 
+def _is_stable_worldmodel_pusht(unwrapped) -> bool:
+    return type(unwrapped).__module__.startswith("stable_worldmodel.envs.pusht")
+
+
+def _weak_policy(env, seed: int, noise: float):
+    """stable-worldmodel's own Push-T collection policy (its ``WeakPolicy``: random targets
+    kept within 100 pixels of the block), given the vectorized env it expects."""
+    from types import SimpleNamespace
+
+    from stable_worldmodel.envs.pusht import WeakPolicy
+
+    policy = WeakPolicy(seed=seed)
+    one_env = gym.spaces.Box(-1.0, 1.0, (1, *env.action_space.shape), np.float32)
+    policy.set_env(SimpleNamespace(envs=[env], spec=env.spec, action_space=one_env))
+    return lambda observation: policy.get_action(observation)[0]
+
+
 def _is_gym_pusht(unwrapped) -> bool:
     return type(unwrapped).__module__.startswith("gym_pusht")
 
@@ -96,6 +114,13 @@ PLUGINS = (
         expert=_gym_pusht("pusher"),
         proprio=_gym_pusht("proprio"),
         proprio_size=pusht.PROPRIO_SIZE,
+    ),
+    EnvPlugin(
+        "swm/PushT-v1",
+        _is_stable_worldmodel_pusht,
+        restore=_options_restore,
+        reached=_own_termination,
+        expert=_weak_policy,
     ),
     EnvPlugin(
         "stable-worldmodel convention",
