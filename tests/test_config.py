@@ -47,12 +47,13 @@ def test_every_preset_builds_its_model(name):
     assert cfg.eval.elites <= cfg.eval.samples and cfg.eval.keep_elites <= cfg.eval.elites
 
 
-def test_lewm_preset_mirrors_lewm_and_its_predicted_peak_fits_24_gib():
+@pytest.mark.parametrize("name", ["lewm-224", "pusht-224"])
+def test_lewm_sized_presets_mirror_lewm_and_their_predicted_peak_fits_24_gib(name):
     import numpy as np
 
     from swmcli.memory.predict import PeakPredictor, Variant
 
-    cfg = resolve_config(preset="lewm-224")
+    cfg = resolve_config(preset=name)
     model, data, train = cfg.model, cfg.data, cfg.train
     assert (model.encoder, cfg.env.resolution, model.vit_patch, model.vit_dim) == (
         "vit",
