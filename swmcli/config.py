@@ -252,6 +252,11 @@ class ModelConfig(Section):
         description="weight of the multi-step loss: the predictor rolled out over the clip from "
         "its first latent, its own predictions fed back (what planning does)",
     )
+    proprio: bool = Field(
+        False,
+        description="feed the agent's own state (the data's proprio key: Push-T's position and "
+        "velocity) to the model beside the pixels; the planner then counts it in its cost",
+    )
 
     @model_validator(mode="after")
     def _heads_divide_widths(self) -> "ModelConfig":
@@ -416,6 +421,12 @@ class EvalConfig(Section):
         description="latent distance to the goal at the last or every planned block",
     )
     replan_every: PositiveInt = Field(1, description="planned blocks executed before replanning")
+    proprio_weight: float = Field(
+        1.0,
+        ge=0,
+        description="weight of the agent's state in the planning cost, beside the latent's "
+        "(models trained with model.proprio)",
+    )
     step_budget: PositiveInt | None = Field(
         None,
         description="env steps per planning episode; default: twice goal_offset "
@@ -643,9 +654,14 @@ ALTERNATIVES = (("collect.episodes", "collect.steps"),)
 
 
 def _layered(base: dict[str, Any], top: dict[str, Any], where: str) -> dict[str, Any]:
-    """``top``'s settings (from ``where``) over ``base``'s, as the precedence says."""
+    """``top``'s settings (from ``where``) over ``base``'s, as the precedence says. An env's
+    kwargs are that env's: a layer that names another env (``--preset pusht-64 --env
+    stable_worldmodel:swm/PushT-v1``) drops the kwargs below it."""
     _check_sections(top, where)
     base = copy.deepcopy(base)
+    env_base, env_top = base.get("env") or {}, top.get("env") or {}
+    if "id" in env_top and env_top["id"] != env_base.get("id", EnvConfig().id):
+        base["env"] = {key: value for key, value in env_base.items() if key != "kwargs"}
     for group in ALTERNATIVES:
         if any(_get(top, key) is not None for key in group):
             for key in group:

@@ -47,12 +47,13 @@ def test_every_preset_builds_its_model(name):
     assert cfg.eval.elites <= cfg.eval.samples and cfg.eval.keep_elites <= cfg.eval.elites
 
 
-def test_lewm_preset_mirrors_lewm_and_its_predicted_peak_fits_24_gib():
+@pytest.mark.parametrize("name", ["lewm-224", "pusht-224"])
+def test_lewm_sized_presets_mirror_lewm_and_their_predicted_peak_fits_24_gib(name):
     import numpy as np
 
     from swmcli.memory.predict import PeakPredictor, Variant
 
-    cfg = resolve_config(preset="lewm-224")
+    cfg = resolve_config(preset=name)
     model, data, train = cfg.model, cfg.data, cfg.train
     assert (model.encoder, cfg.env.resolution, model.vit_patch, model.vit_dim) == (
         "vit",
@@ -276,3 +277,19 @@ def test_every_setting_has_a_description():
     for name, section in SwmConfig.model_fields.items():
         for key, field in section.annotation.model_fields.items():
             assert field.description, f"{name}.{key}"
+
+
+def test_an_env_named_over_a_preset_does_not_inherit_the_presets_env_kwargs():
+    # gym-pusht's observation_width would break stable-worldmodel's PushT constructor.
+    other = resolve_config("pusht-64", flags={"env.id": "stable_worldmodel:swm/PushT-v1"})
+    assert other.env.id == "stable_worldmodel:swm/PushT-v1" and other.env.kwargs == {}
+    own = resolve_config(
+        "pusht-64",
+        flags={"env.id": "stable_worldmodel:swm/PushT-v1"},
+        sets=["env.kwargs={resolution=64, with_target=false}"],
+    )
+    assert own.env.kwargs == {"resolution": 64, "with_target": False}
+    same = resolve_config("pusht-64", flags={"env.id": "gym_pusht:gym_pusht/PushT-v0"})
+    assert same.env.kwargs == {"observation_width": 64, "observation_height": 64}
+    one_more = resolve_config("pusht-64", sets=["env.kwargs.observation_width=32"])
+    assert one_more.env.kwargs == {"observation_width": 32, "observation_height": 64}

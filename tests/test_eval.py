@@ -16,12 +16,13 @@ from swmcli.commands.evaluate import (
     run_eval,
 )
 from swmcli.commands.train import run_train
-from swmcli.config import check_eval_changes, load_run_config, resolve_config
+from swmcli.config import ModelConfig, check_eval_changes, load_run_config, resolve_config
 from swmcli.data.clips import heldout_split
 from swmcli.data.formats import open_reader
 from swmcli.errors import CheckpointError, UsageError
 from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.runner import make_runner
+from swmcli.models.world_model import build_world_model
 from swmcli.planning.episodes import run_episodes
 from swmcli.planning.planners import PlannerSettings, cem, plan_costs
 
@@ -100,6 +101,28 @@ def test_cem_beats_random_plans_under_the_model(tiny_run):
         assert plan.shape == (3, 2) and plan.abs().max() <= 1
         best = plan_costs(model, latent, goal, plan[None])
         assert best <= plan_costs(model, latent, goal, random_plans).median()
+
+
+def test_proprio_weight_scales_only_the_agent_state_part_of_the_cost():
+    torch.manual_seed(0)
+    model = build_world_model(
+        ModelConfig(latent_dim=8, cnn_width=4, predictor_dim=16, predictor_depth=1),
+        resolution=32,
+        action_dim=2,
+        frameskip=1,
+        history_len=2,
+        proprio_dim=4,
+    ).eval()
+    latent = torch.zeros(1, 12)
+    goal = torch.zeros(1, 12)
+    goal[0, -4:] = 3.0  # the goal differs in the agent's state only
+    plans = torch.rand(5, 2, 2) * 2 - 1
+    with torch.inference_mode():
+        base = plan_costs(model, latent, goal, plans, "trajectory")
+        visual = plan_costs(model, latent, goal, plans, "trajectory", proprio_weight=0.0)
+        double = plan_costs(model, latent, goal, plans, "trajectory", proprio_weight=2.0)
+    torch.testing.assert_close(double - visual, 2 * (base - visual))
+    assert (base > visual).all()
 
 
 def test_open_loop_error_reads_the_held_out_training_clips(tiny_run):

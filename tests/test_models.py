@@ -153,3 +153,33 @@ def test_a_full_disk_while_checkpointing_is_one_error_and_leaves_no_partial(tmp_
         )
     assert not partial.exists() and not partial.is_symlink()
     assert checkpoint_path(tmp_path).read_bytes() == before
+
+
+def test_proprio_joins_the_latent_standardized_and_is_required_once_trained_with():
+    model = build_world_model(
+        TINY, resolution=32, action_dim=2, frameskip=2, history_len=3, proprio_dim=4
+    )
+    batch = _batch()
+    proprio = torch.rand(6, 3, 4) * 512  # arena pixels: far from unit scale
+    latents = model.encode(batch["pixels"], proprio)
+    assert latents.shape == (6, 3, 16 + 4) and model.proprio_dims == 4
+    state = latents[..., -4:].reshape(-1, 4)
+    torch.testing.assert_close(state.mean(0), torch.zeros(4), atol=1e-5, rtol=0)
+    torch.testing.assert_close(state.std(0, unbiased=False), torch.ones(4), atol=1e-3, rtol=0)
+    assert model.predict(latents[:, :-1], batch["action"][:, :-1]).shape == (6, 2, 20)
+    loss = Objective(model, TINY)({**batch, "proprio": proprio})["loss"]
+    assert torch.isfinite(loss)
+    with pytest.raises(UsageError, match=r"model\.proprio"):
+        model.encode(batch["pixels"])
+
+
+def test_a_model_without_proprio_is_the_model_it_was():
+    torch.manual_seed(0)
+    plain = _model()
+    assert plain.proprio_dims == 0 and not hasattr(plain, "proprio_norm")
+    before = {key for key in plain.state_dict()}
+    torch.manual_seed(0)
+    again = build_world_model(
+        TINY, resolution=32, action_dim=2, frameskip=2, history_len=3, proprio_dim=0
+    )
+    assert set(again.state_dict()) == before  # old checkpoints load as they did

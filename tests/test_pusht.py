@@ -21,6 +21,7 @@ from swmcli.data.formats import open_reader
 from swmcli.envs.make import make_env
 from swmcli.envs.plugins import restore_recorded
 from swmcli.envs.policies import make_policy
+from swmcli.errors import UsageError
 from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.runner import make_runner
 from swmcli.planning.episodes import run_episodes
@@ -128,3 +129,37 @@ def test_the_expert_pushes_the_block_in_every_episode():
             observation, *_ = env.step(policy(observation))
         assert np.linalg.norm(observation["state"][2:4] - start[2:4]) > 10.0, seed
     env.close()
+
+
+def test_observations_carry_the_agents_position_and_velocity_as_proprio():
+    env = make_env("gym_pusht:gym_pusht/PushT-v0", 32, 40, seed=0)
+    observation, _ = env.reset(seed=0)
+    assert env.observation_space.contains(observation)
+    np.testing.assert_array_equal(observation["proprio"][:2], observation["state"][:2])
+    np.testing.assert_array_equal(observation["proprio"][2:], [0.0, 0.0])  # at rest
+    observation, *_ = env.step(np.array([0.9, 0.9], np.float32))  # a target far away
+    np.testing.assert_allclose(observation["proprio"][:2], observation["state"][:2])
+    assert np.linalg.norm(observation["proprio"][2:]) > 1.0  # moving toward it
+    env.close()
+
+
+def test_a_model_trained_with_proprio_plans_with_the_goal_state_and_refuses_random_goals(
+    pusht_run,
+):
+    cfg = _cfg(pusht_run)
+    assert "proprio" in open_reader(cfg.data.path).keys
+    flags = {**TINY, "data.path": cfg.data.path, "model.proprio": True}
+    proprio_cfg = resolve_config("pusht-64", flags={**flags, "train.out": pusht_run.parent / "p"})
+    run_train(proprio_cfg, MemoryMonitor())
+    runner = make_runner()
+    model, state = load_model(pusht_run.parent / "p", proprio_cfg, runner)
+    assert state["model_args"]["proprio_dim"] == 4 and model.proprio_dims == 4
+    episodes = _goal_episodes(proprio_cfg)
+    assert all(episode.goal_proprio.shape == (4,) for episode in episodes)
+    result = run_eval(pusht_run.parent / "p", MemoryMonitor())
+    assert result.fields["episodes"] == 3 and 0 <= result.fields["success_rate"] <= 1
+    random_goals = resolve_config(
+        config_file=pusht_run.parent / "p" / "config.json", flags={"eval.protocol": "random-goal"}
+    )
+    with pytest.raises(UsageError, match=r"model\.proprio"):
+        _goal_episodes(random_goals)

@@ -31,8 +31,8 @@ from swmcli.envs.plugins import check_restorable
 from swmcli.envs.recording import env_of_data
 from swmcli.errors import UsageError
 from swmcli.models.interface import build_model
-from swmcli.models.outputs import encode_checked, predict_checked
-from swmcli.models.rollout import rollout
+from swmcli.models.outputs import predict_checked
+from swmcli.models.rollout import encode_observation, rollout
 from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
 from swmcli.planning.episodes import run_episodes
 from swmcli.planning.goals import goal_episodes, wilson_interval
@@ -40,6 +40,7 @@ from swmcli.planning.pictures import save_gif, save_strip
 from swmcli.report import CommandResult, Table, info, warn
 from swmcli.training.checkpoints import checkpoint_path, load_checkpoint, restore_model
 from swmcli.training.loggers import check_installed, log_once
+from swmcli.training.step import train_keys
 
 EVAL_DIR = "eval"
 OPEN_LOOP_BATCH = 256
@@ -167,8 +168,11 @@ def _warm_up(model, shape: dict[str, int], runner) -> None:
 
     side, block = shape["resolution"], shape["frameskip"] * shape["action_dim"]
     pixels = torch.zeros(1, 1, side, side, 3, dtype=torch.uint8, device=runner.device)
+    observation = {"pixels": pixels}
+    if shape.get("proprio_dim"):
+        observation["proprio"] = torch.zeros(1, 1, shape["proprio_dim"], device=runner.device)
     try:
-        latents = encode_checked(model, pixels)
+        latents = encode_observation(model, observation)
         predict_checked(model, latents, torch.zeros(1, 1, block, device=runner.device))
     except Exception as err:  # torch.compile raises backend-specific errors
         if not runner.compile:
@@ -195,7 +199,7 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
         return {"model": [], "no_change": []}
     windows = load_dataset(
         path,
-        keys_to_load=["pixels", "action"],
+        keys_to_load=train_keys(cfg),
         history_len=horizon + 1,
         frameskip=frameskip,
         cache_dir=cache,
@@ -205,7 +209,7 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     for start in range(0, len(windows), OPEN_LOOP_BATCH):
         indices = range(start, min(start + OPEN_LOOP_BATCH, len(windows)))
         batch = runner.to_device(windows.read_batch(indices))
-        latents = encode_checked(model, batch["pixels"]).float()
+        latents = encode_observation(model, batch).float()
         actions = batch["action"][:, :horizon]
         predicted = rollout(model, latents[:, :1], actions[:, :0], actions).float()
         truth = latents[:, 1:]

@@ -193,7 +193,8 @@ class PixelObservation(gym.Wrapper):
 
     ``pixels`` is the env's frame (``env.render()``, or the frame its plugin draws) resized
     (bilinear) to resolution x resolution. A Box observation is kept as ``state``, flattened to
-    float32; a Dict of Boxes keeps each of its keys so (``pixels`` excepted). That is what the
+    float32; a Dict of Boxes keeps each of its keys so (``pixels`` excepted); ``proprio``, the
+    agent's own state, is added where the env's plugin reads it (gym-pusht). That is what the
     dataset records per step, and what the dataset protocol sets the env back to.
     """
 
@@ -201,7 +202,8 @@ class PixelObservation(gym.Wrapper):
         super().__init__(env)
 
         self.resolution = resolution
-        self._draw = plugin_for(env).frame
+        plugin = plugin_for(env)
+        self._draw = plugin.frame
         spaces = {"pixels": gym.spaces.Box(0, 255, (resolution, resolution, 3), np.uint8)}
         self._vectors = _vector_spaces(env.observation_space)
         for key, space in self._vectors.items():
@@ -210,6 +212,9 @@ class PixelObservation(gym.Wrapper):
                 space.high.reshape(-1).astype(np.float32),
                 dtype=np.float32,
             )
+        self._proprio = None if "proprio" in spaces else plugin.proprio
+        if self._proprio is not None:
+            spaces["proprio"] = gym.spaces.Box(-np.inf, np.inf, (plugin.proprio_size,), np.float32)
         self.observation_space = gym.spaces.Dict(spaces)
 
     def reset(self, **kwargs):
@@ -250,6 +255,8 @@ class PixelObservation(gym.Wrapper):
                 else (observation[key])
             )
             result[key] = np.asarray(value, np.float32).reshape(-1)
+        if self._proprio is not None:
+            result["proprio"] = self._proprio(self.env.unwrapped)
         return result
 
 

@@ -1,13 +1,16 @@
 """What swm knows about a kind of env beyond gymnasium's API, one small plugin per kind.
 
-A plugin may say how to draw the env's frame (``frame``), how to set it back to a recorded state
-with a recorded goal state (``restore``: what ``swm eval --protocol dataset`` needs), when that
-goal is reached (``reached``), and which scripted policy is its ``expert``. swm's own TwoRoom is one
-plugin; gym-pusht's Push-T is another; an env that follows stable-worldmodel's convention (its
-``reset`` takes ``options={"state", "goal_state"}``, it has ``_set_state`` and ``_set_goal_state``,
-and its own ``terminated`` fires at the goal, as its ``swm/PushT-v1`` does) needs no plugin of its
-own. Any other env gets the empty plugin: it is collected, trained on and evaluated open-loop, and
-``--protocol dataset`` refuses it in one line.
+A plugin may say how to draw the env's frame (``frame``), what the agent's own state is
+(``proprio``: observed beside the frame, where the env's own observation lacks it), how to set
+it back to a recorded state with a recorded goal state (``restore``: what ``swm eval --protocol
+dataset`` needs), when that goal is reached (``reached``), and which scripted policy is its
+``expert``. swm's own TwoRoom is one plugin; gym-pusht's Push-T is another; an env that follows
+stable-worldmodel's convention (its ``reset`` takes ``options={"state", "goal_state"}``, it has
+``_set_state`` and ``_set_goal_state``, and its own ``terminated`` fires at the goal, as its
+``swm/PushT-v1`` does, whose observation holds ``proprio``) needs no plugin of its own;
+``swm/PushT-v1``'s adds its own expert (``WeakPolicy``). Any other env gets the empty plugin:
+it is collected, trained on and evaluated open-loop, and ``--protocol dataset`` refuses it in
+one line.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class EnvPlugin:
     restore: Callable[..., Any] | None = None  # (env, state, goal_state, seed) -> raw observation
     reached: Callable[..., bool] | None = None  # (env, terminated, info, goal_state) -> success
     expert: Callable[..., Callable] | None = None  # (env, seed, noise) -> observation -> action
+    proprio: Callable[[Any], np.ndarray] | None = None  # env.unwrapped -> the agent's own state
+    proprio_size: int = 0  # values ``proprio`` returns
 
 
 def _is_tworoom(unwrapped) -> bool:
@@ -63,6 +68,23 @@ def _own_termination(env, terminated: bool, info: dict, goal_state) -> bool:
     return bool(terminated)
 
 
+def _is_stable_worldmodel_pusht(unwrapped) -> bool:
+    return type(unwrapped).__module__.startswith("stable_worldmodel.envs.pusht")
+
+
+def _weak_policy(env, seed: int, noise: float):
+    """stable-worldmodel's own Push-T collection policy (its ``WeakPolicy``: random targets
+    kept within 100 pixels of the block), given the vectorized env it expects."""
+    from types import SimpleNamespace
+
+    from stable_worldmodel.envs.pusht import WeakPolicy
+
+    policy = WeakPolicy(seed=seed)
+    one_env = gym.spaces.Box(-1.0, 1.0, (1, *env.action_space.shape), np.float32)
+    policy.set_env(SimpleNamespace(envs=[env], spec=env.spec, action_space=one_env))
+    return lambda observation: policy.get_action(observation)[0]
+
+
 def _is_gym_pusht(unwrapped) -> bool:
     return type(unwrapped).__module__.startswith("gym_pusht")
 
@@ -90,6 +112,15 @@ PLUGINS = (
         restore=_gym_pusht("restore"),
         reached=_gym_pusht("reached"),
         expert=_gym_pusht("pusher"),
+        proprio=_gym_pusht("proprio"),
+        proprio_size=pusht.PROPRIO_SIZE,
+    ),
+    EnvPlugin(
+        "swm/PushT-v1",
+        _is_stable_worldmodel_pusht,
+        restore=_options_restore,
+        reached=_own_termination,
+        expert=_weak_policy,
     ),
     EnvPlugin(
         "stable-worldmodel convention",

@@ -89,7 +89,7 @@ def _expert_policy(env, seed: int, noise: float) -> Callable[[dict], np.ndarray]
     if expert is None:
         raise UsageError(
             f"swm has no expert policy for {type(env.unwrapped).__name__} (it has one for "
-            "swm/TwoRoom-v0 and gym-pusht's Push-T)",
+            "swm/TwoRoom-v0, gym-pusht's Push-T and stable-worldmodel's swm/PushT-v1)",
             hint="use --policy random, or your own --policy module:factory",
         )
     if noise < 0:

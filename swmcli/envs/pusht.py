@@ -12,6 +12,9 @@ What the plugin adds to the env (see ``plugins``):
   positions within 20 (one norm over the four coordinates) and the block's angle within pi/9 of
   the goal state. gym-pusht's own ``terminated`` is about its fixed green target, not a goal
   state.
+- ``proprio``: the agent's own state, position and velocity ``[x, y, vx, vy]`` (what
+  stable-worldmodel's ``swm/PushT-v1`` observes as ``proprio``), recorded beside ``state``; a
+  model trained with ``model.proprio`` takes it as input and plans with it in its cost.
 - ``pusher`` (``--policy expert``): a scripted policy that pushes the block: it picks a
   direction, goes round to the block's far side, pushes through it for a while, then picks
   another, with Gaussian noise on its targets, each at most ``MAX_MOVE`` from the agent.
@@ -34,11 +37,17 @@ PUSH_STEPS = (6, 14)  # steps of one push, drawn uniformly
 LINED_UP = 25.0  # within this of the line-up point, the push starts
 TARGET_NOISE = 10.0  # pixels, std of the noise on every target
 MAX_MOVE = 40.0  # the target is at most this far from the agent: pushes, not kicks
+PROPRIO_SIZE = 4  # x, y, vx, vy
 
 
 def frame(pusht) -> np.ndarray:
     """The observation image (observation_width x observation_height), no action marker."""
     return pusht._render(visualize=False)
+
+
+def proprio(pusht) -> np.ndarray:
+    """The agent's position and velocity ``[x, y, vx, vy]`` (arena pixels, pixels per second)."""
+    return np.array([*pusht.agent.position, *pusht.agent.velocity], np.float32)
 
 
 def restore(env, state: np.ndarray, goal_state: np.ndarray, seed: int):

@@ -13,17 +13,21 @@ spirit)::
                               JEPA loss (``losses.jepa_loss``) when present. ``batch`` holds
                               ``pixels`` uint8 (B, T, H, W, 3) and ``action`` (B, T, A).
     context_len               the longest history ``predict`` takes; rollouts cut to it.
+    encode(pixels, proprio)   with ``model.proprio``: the agent's state (B, T, P) as well,
+                              its part of the latent the last ``proprio_dims`` values.
 
 Training calls the loss through ``Objective`` (the module DDP and FSDP wrap), planning and eval
 call ``encode`` and ``rollout`` (below, built on ``predict``), memprofile traces the same step.
 ``build_model`` makes swm's model (``model.factory`` unset) or calls ``model.factory``
 ("module:function" or "path/to/file.py:function") with ``model.kwargs`` plus whichever of
-``resolution``, ``action_dim``, ``frameskip``, ``history_len`` its signature names.
+``resolution``, ``action_dim``, ``frameskip``, ``history_len`` (and ``proprio_dim``, with
+``model.proprio``) its signature names.
 """
 
 import importlib
 import importlib.util
 import inspect
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -161,10 +165,27 @@ class Objective(nn.Module):
 
 
 def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
-    """The clip shape ``protocol.build_model`` takes, for this config and dataset."""
-    return {
+    """The clip shape ``protocol.build_model`` takes, for this config and dataset (with
+    ``model.proprio``, also ``proprio_dim``: the size of the data's ``proprio`` key)."""
+    args = {
         "resolution": int(metadata["resolution"]),
         "action_dim": int(metadata["action_dim"]),
         "frameskip": cfg.data.frameskip,
         "history_len": cfg.data.history_len,
     }
+    if cfg.model.proprio:
+        args["proprio_dim"] = proprio_size(cfg, metadata)
+    return args
+
+
+def proprio_size(cfg: SwmConfig, metadata: dict[str, Any]) -> int:
+    """Values per row of the data's ``proprio`` key; one line when it has none."""
+    keys = metadata.get("keys") or {}
+    if "proprio" not in keys:
+        raise UsageError(
+            f"model.proprio feeds the agent's state to the model, and {cfg.data.path} records no "
+            f"'proprio' (its keys: {', '.join(keys) or 'unknown'})",
+            hint="collect it again with this swm (gym-pusht and swm/PushT-v1 record proprio), "
+            "or drop model.proprio",
+        )
+    return int(math.prod(keys["proprio"][1]))

@@ -15,8 +15,8 @@ to zero (collapse). Two regularizers are offered:
 import torch
 
 from swmcli.models.global_batch import gather_rows
-from swmcli.models.outputs import encode_checked, predict_checked
-from swmcli.models.rollout import rollout
+from swmcli.models.outputs import predict_checked
+from swmcli.models.rollout import encode_observation, rollout
 
 SIGREG_SLICES = 256  # random directions per step
 SIGREG_KNOTS = 17  # quadrature points t in [0, SIGREG_T_MAX] for the characteristic function
@@ -90,7 +90,7 @@ def jepa_loss(
     ``regularizer``, ``rollout`` (when used) and ``latent_rank`` (effective rank of the batch's
     latents; near 1 = collapse).
     """
-    latents = encode_checked(model, batch["pixels"])
+    latents = encode_observation(model, batch)
     actions = batch["action"][:, :-1].float()
     predicted = predict_checked(model, latents[:, :-1], actions)
     prediction = prediction_loss(predicted, latents[:, 1:])

@@ -34,9 +34,10 @@ def _shape(value) -> str:
     return f"a {type(value).__name__}"
 
 
-def encode_checked(model, pixels: torch.Tensor) -> torch.Tensor:
-    """``model.encode(pixels)``: latents ``(*lead, D)`` for pixels ``(*lead, H, W, 3)``."""
-    latents = model.encode(pixels)
+def encode_checked(model, pixels: torch.Tensor, proprio: torch.Tensor | None = None):
+    """``model.encode(pixels)`` (``model.encode(pixels, proprio)`` with the agent's state):
+    latents ``(*lead, D)`` for pixels ``(*lead, H, W, 3)``."""
+    latents = model.encode(pixels) if proprio is None else model.encode(pixels, proprio)
     lead = tuple(pixels.shape[:-3])
     if (
         not isinstance(latents, torch.Tensor)

@@ -1,4 +1,5 @@
-"""The predictor rolled out: latents imagined from a history and action plans, fed back in.
+"""The predictor rolled out: latents imagined from a history and action plans, fed back in;
+and observations encoded, with the agent's state where the model takes it.
 
 What planning scores (``planning.planners``) and what the multi-step loss trains
 (``models.losses``); any protocol model rolls out the same way.
@@ -6,7 +7,13 @@ What planning scores (``planning.planners``) and what the multi-step loss trains
 
 import torch
 
-from swmcli.models.outputs import predict_checked
+from swmcli.models.outputs import encode_checked, predict_checked
+
+
+def encode_observation(model, observation: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``model.encode`` of an observation's (or a batch's) ``pixels``, with its ``proprio``
+    when it holds one (read only for models trained with ``model.proprio``)."""
+    return encode_checked(model, observation["pixels"], observation.get("proprio"))
 
 
 def rollout(model, history: torch.Tensor, past_actions: torch.Tensor, plans: torch.Tensor):

@@ -7,6 +7,12 @@ by 0 here because a NaN, even in a position the loss ignores, poisons every grad
 
 ``encode`` and ``predict`` are the world-model protocol (``protocol.py``), which the runner
 compiles in place for ``--compile`` as it does for any model brought with ``--model``.
+
+With ``model.proprio``, the agent's own state (the data's ``proprio``) joins the latent: each of
+its values standardized by the statistics of the data (a BatchNorm without affine parameters:
+nothing to learn, nothing to collapse; stable-worldmodel standardizes it alike) and appended to
+the frame's latent, so the predictor predicts it too and the planner's cost sees it
+(``proprio_dims``, its trailing part, weighted by ``eval.proprio_weight``).
 """
 
 import torch
@@ -14,6 +20,7 @@ from torch import nn
 
 from swmcli.errors import UsageError
 from swmcli.models.encoder import CNNEncoder, ViTEncoder
+from swmcli.models.global_batch import GlobalBatchNorm1d
 from swmcli.models.predictor import Predictor
 
 PIXEL_MEAN = 0.5
@@ -31,15 +38,29 @@ class WorldModel(nn.Module):
     (``protocol.py``); trained with swm's JEPA loss (``losses.jepa_loss``), like any model
     without a ``loss`` of its own."""
 
-    def __init__(self, encoder: nn.Module, predictor: Predictor):
+    def __init__(self, encoder: nn.Module, predictor: Predictor, proprio_dims: int = 0):
         super().__init__()
         self.encoder = encoder
         self.predictor = predictor
+        self.proprio_dims = proprio_dims
+        if proprio_dims:
+            self.proprio_norm = GlobalBatchNorm1d(proprio_dims, affine=False)
 
-    def encode(self, pixels: torch.Tensor) -> torch.Tensor:
-        """uint8 pixels ``(B, T, H, W, 3)`` (or ``(B, H, W, 3)``) -> latents ``(B, T, D)``."""
-        latents = self.encoder(normalize_pixels(pixels))
-        return latents.reshape(*pixels.shape[:-3], -1)
+    def encode(self, pixels: torch.Tensor, proprio: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 pixels ``(B, T, H, W, 3)`` (or ``(B, H, W, 3)``) -> latents ``(B, T, D)``; with
+        ``model.proprio``, the agent's state ``(B, T, P)`` standardized and appended."""
+        latents = self.encoder(normalize_pixels(pixels)).reshape(*pixels.shape[:-3], -1)
+        if not self.proprio_dims:
+            return latents
+        if proprio is None:
+            raise UsageError(
+                "this model was trained with model.proprio and encodes no frame without the "
+                "agent's state",
+                hint="pass the observation's proprio (swmcli.models.rollout.encode_observation)",
+            )
+        flat = proprio.reshape(-1, self.proprio_dims).float()
+        state = self.proprio_norm(flat).reshape(*proprio.shape[:-1], -1)
+        return torch.cat([latents, state.to(latents.dtype)], dim=-1)
 
     def predict(self, latents: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Next latents ``(B, T, D)`` from latents and action blocks ``(B, T, A)``."""
@@ -52,14 +73,21 @@ class WorldModel(nn.Module):
 
 
 def build_world_model(
-    model_cfg, *, resolution: int, action_dim: int, frameskip: int, history_len: int
+    model_cfg,
+    *,
+    resolution: int,
+    action_dim: int,
+    frameskip: int,
+    history_len: int,
+    proprio_dim: int = 0,
 ) -> WorldModel:
     """The world model a ``ModelConfig`` describes, for frames of ``resolution`` pixels.
 
     ``action_dim`` is the env's (2 for TwoRoom); each observation's action block has
     ``frameskip * action_dim`` values. A clip of ``history_len`` observations trains the
     predictor on contexts of up to ``history_len - 1`` (the last one is only a target), so that is
-    its length, and ``history_len`` must be at least 2.
+    its length, and ``history_len`` must be at least 2. ``proprio_dim`` is the size of the
+    agent's state (``model.proprio``; 0 without it: runs trained before it load as they were).
     """
     if history_len < 2:
 
@@ -79,11 +107,11 @@ def build_world_model(
     else:
         encoder = CNNEncoder(resolution, model_cfg.latent_dim, model_cfg.cnn_width)
     predictor = Predictor(
-        model_cfg.latent_dim,
+        model_cfg.latent_dim + proprio_dim,
         frameskip * action_dim,
         model_cfg.predictor_dim,
         model_cfg.predictor_depth,
         model_cfg.predictor_heads,
         max_len=history_len - 1,
     )
-    return WorldModel(encoder, predictor)
+    return WorldModel(encoder, predictor, proprio_dim)

@@ -55,7 +55,7 @@ def _play(model, cfg: SwmConfig, runner, shape, episode):
     else:
         env, observation = restore_recorded(env, episode.state, episode.goal_state, episode.seed)
     kind = goal_kind(env)
-    act = _actor(model, cfg, runner, shape, env, episode.goal_pixels, episode.seed)
+    act = _actor(model, cfg, runner, shape, env, episode)
     success, frames, seconds = _episode(env, observation, act, budget)
     env.close()
     return success, frames, kind, seconds
@@ -65,19 +65,22 @@ def _goal_image(episode, frames) -> np.ndarray:
     return episode.goal_pixels if episode.goal_pixels is not None else frames[0]
 
 
-def _actor(model, cfg: SwmConfig, runner, shape, env, goal, seed: int):
+def _actor(model, cfg: SwmConfig, runner, shape, env, episode):
     """observation -> list of env actions: the planned blocks, or one random action."""
     if model is None:
-        policy = make_policy("random", env, seed)
+        policy = make_policy("random", env, episode.seed)
         return lambda observation: [policy(observation)]
     settings = planner_settings(cfg.eval, shape["action_dim"])
     block = shape["frameskip"] * shape["action_dim"]
-    planner = RecedingHorizon(model, cfg.eval.planner, settings, block, seed)
-    planner.reset(runner.to_device({"goal": goal})["goal"])
+    planner = RecedingHorizon(model, cfg.eval.planner, settings, block, episode.seed)
+    # The agent's state goes to the planner only for a model trained with it.
+    keys = ["pixels", "proprio"] if cfg.model.proprio else ["pixels"]
+    goal = {"pixels": episode.goal_pixels, "proprio": episode.goal_proprio}
+    planner.reset(*runner.to_device({key: goal[key] for key in keys}).values())
 
     def act(observation: dict) -> list[np.ndarray]:
-        pixels = runner.to_device({"pixels": observation["pixels"]})["pixels"]
-        actions = planner.act(pixels).float().cpu().numpy()
+        now = runner.to_device({key: observation[key] for key in keys})
+        actions = planner.act(*now.values()).float().cpu().numpy()
         return list(actions.reshape(-1, shape["action_dim"]))
 
     return act

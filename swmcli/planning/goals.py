@@ -33,6 +33,7 @@ class GoalEpisode:
     state: np.ndarray | None = None  # the recorded start state (None: the env's random reset)
     goal_state: np.ndarray | None = None
     goal_pixels: np.ndarray | None = None  # the recorded goal observation
+    goal_proprio: np.ndarray | None = None  # the agent's recorded state there (model.proprio)
     source: tuple[int, int] | None = None  # (dataset episode, start step)
 
 
@@ -40,6 +41,12 @@ def goal_episodes(cfg) -> list[GoalEpisode]:
     """The episodes ``cfg.eval.protocol`` asks for."""
     settings = cfg.eval
     if settings.protocol == "random-goal":
+        if cfg.model.proprio:
+            raise UsageError(
+                "a model trained with model.proprio plans toward a goal image and the agent's "
+                "state there, and random goals give only the image",
+                hint="use --protocol dataset (its goals are recorded rows, proprio included)",
+            )
         return [GoalEpisode(settings.seed + i) for i in range(settings.episodes)]
     return dataset_episodes(cfg.data.path, settings)
 
@@ -57,9 +64,10 @@ def dataset_episodes(path, settings) -> list[GoalEpisode]:
                 "gym-pusht), or use --protocol random-goal",
             )
         starts = _draw_starts(reader.episode_lengths, heldout, settings)
+        keys = ["state", "pixels"] + (["proprio"] if "proprio" in reader.keys else [])
         episodes = []
         for i, (episode, step) in enumerate(starts):
-            rows = reader.read_episode(episode, keys=["state", "pixels"])
+            rows = reader.read_episode(episode, keys=keys)
             goal_step = step + settings.goal_offset
             episodes.append(
                 GoalEpisode(
@@ -67,6 +75,7 @@ def dataset_episodes(path, settings) -> list[GoalEpisode]:
                     state=rows["state"][step],
                     goal_state=rows["state"][goal_step],
                     goal_pixels=rows["pixels"][goal_step],
+                    goal_proprio=rows["proprio"][goal_step] if "proprio" in rows else None,
                     source=(episode, step),
                 )
             )

@@ -4,7 +4,10 @@ A plan is ``horizon`` action blocks (each ``frameskip * action_dim`` values in [
 plans are rolled out by the world model from the current latent, all candidates of an iteration
 in one batched call per predicted block. A plan's cost is the squared latent distance to the goal
 image's latent: at the last predicted latent (``terminal``, LeWM's cost) or averaged over every
-predicted latent (``trajectory``, which prefers plans that get close early and stay close).
+predicted latent (``trajectory``, which prefers plans that get close early and stay close). A
+model trained with ``model.proprio`` carries the agent's state in the last ``proprio_dims``
+values of its latent; their share of the distance is weighted by ``proprio_weight`` (DINO-WM's
+proprio term).
 
 CEM samples around its mean with white or iCEM's colored noise (``noise_beta`` > 0: a 1/f^beta
 spectrum along time, smoother action sequences that travel further) and can carry its best
@@ -17,8 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swmcli.models.outputs import encode_checked
-from swmcli.models.rollout import rollout
+from swmcli.models.rollout import encode_observation, rollout
 
 INITIAL_STD = 1.0  # actions live in [-1, 1]: start wide, CEM narrows it
 MIN_STD = 0.05
@@ -38,15 +40,22 @@ class PlannerSettings:
     keep_elites: int = 0
     replan_every: int = 1
     action_dim: int = 1
+    proprio_weight: float = 1.0
 
 
-def plan_costs(model, latent, goal, plans: torch.Tensor, cost: str = "terminal") -> torch.Tensor:
+def plan_costs(
+    model, latent, goal, plans: torch.Tensor, cost: str = "terminal", proprio_weight: float = 1.0
+) -> torch.Tensor:
     """Cost of each plan ``(S, H, A)`` from ``latent (1, D)``: squared distance to ``goal``."""
     count = plans.shape[0]
     history = latent.expand(count, 1, -1)
     no_actions = plans.new_zeros(count, 0, plans.shape[-1])
     predicted = rollout(model, history, no_actions, plans)
-    distances = (predicted.float() - goal.float()).pow(2).sum(-1)  # (S, H)
+    squared = (predicted.float() - goal.float()).pow(2)  # (S, H, D)
+    proprio_dims = getattr(model, "proprio_dims", 0)
+    if proprio_dims and proprio_weight != 1.0:
+        squared[..., -proprio_dims:] *= proprio_weight
+    distances = squared.sum(-1)  # (S, H)
     return distances[:, -1] if cost == "terminal" else distances.mean(-1)
 
 
@@ -86,7 +95,7 @@ def cem(model, latent, goal, mean, settings: PlannerSettings, generator) -> torc
     carried = None
     for _ in range(settings.iterations):
         plans = _sample(mean, std, settings, generator, carried)
-        costs = plan_costs(model, latent, goal, plans, settings.cost)
+        costs = plan_costs(model, latent, goal, plans, settings.cost, settings.proprio_weight)
         order = costs.topk(min(settings.elites, len(costs)), largest=False).indices
         elite = plans[order]
         mean, std = elite.mean(0), elite.std(0).clamp_min(MIN_STD)
@@ -99,7 +108,7 @@ def mppi(model, latent, goal, mean, settings: PlannerSettings, generator) -> tor
     std = torch.full_like(mean, INITIAL_STD / 2)
     for _ in range(settings.iterations):
         plans = _sample(mean, std, settings, generator)
-        costs = plan_costs(model, latent, goal, plans, settings.cost)
+        costs = plan_costs(model, latent, goal, plans, settings.cost, settings.proprio_weight)
         spread = (costs.max() - costs.min()).clamp_min(1e-8)
         weights = torch.softmax(-(costs - costs.min()) / (MPPI_TEMPERATURE * spread), dim=0)
         mean = (weights[:, None, None] * plans).sum(0)
@@ -121,6 +130,7 @@ def planner_settings(e, action_dim: int) -> PlannerSettings:
         keep_elites=e.keep_elites,
         replan_every=e.replan_every,
         action_dim=action_dim,
+        proprio_weight=e.proprio_weight,
     )
 
 
@@ -136,16 +146,18 @@ class RecedingHorizon:
         self.seed = seed
         self.mean = None
 
-    def reset(self, goal_pixels: torch.Tensor) -> None:
-        """A new episode: encode the goal image ``(H, W, 3)`` uint8 on the device."""
+    def reset(self, goal_pixels: torch.Tensor, goal_proprio: torch.Tensor | None = None) -> None:
+        """A new episode: encode the goal image ``(H, W, 3)`` uint8 on the device (and the
+        agent's state there, for a model trained with it)."""
         device = goal_pixels.device
-        self.goal = encode_checked(self.model, goal_pixels[None])
+        self.goal = self._encode(goal_pixels, goal_proprio)
         self.mean = torch.zeros(self.settings.horizon, self.block, device=device)
         self.generator = torch.Generator(device=device).manual_seed(self.seed)
 
-    def act(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The blocks ``(replan_every, block)`` to execute now, from the frame ``(H, W, 3)``."""
-        latent = encode_checked(self.model, pixels[None])
+    def act(self, pixels: torch.Tensor, proprio: torch.Tensor | None = None) -> torch.Tensor:
+        """The blocks ``(replan_every, block)`` to execute now, from the frame ``(H, W, 3)``
+        (and the agent's state)."""
+        latent = self._encode(pixels, proprio)
         plan = self.plan_once(
             self.model, latent, self.goal, self.mean, self.settings, self.generator
         )
@@ -153,3 +165,9 @@ class RecedingHorizon:
         # Warm start: the rest of this plan, then zero blocks, seeds the next search.
         self.mean = torch.cat([plan[executed:], torch.zeros_like(plan[:executed])])
         return plan[:executed]
+
+    def _encode(self, pixels: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
+        observation = {"pixels": pixels[None]}
+        if proprio is not None:
+            observation["proprio"] = proprio[None]
+        return encode_observation(self.model, observation)

@@ -32,7 +32,7 @@ from swmcli.envs.recording import action_dim_of, env_metadata, episode_rows, epi
 from swmcli.errors import UsageError
 from swmcli.planning.planners import RecedingHorizon, planner_settings
 from swmcli.training.sources import fill_buffer, newest_episodes, ram_budget
-from swmcli.training.step import TRAIN_KEYS
+from swmcli.training.step import train_keys
 
 
 class OnlineFeed:
@@ -135,7 +135,7 @@ class OnlineFeed:
                 rng = np.random.default_rng([self.seed, step, micro])
                 indices = rng.integers(0, self.buffer.num_clips, train.batch_size)
                 batch = self.buffer.read_batch(indices)
-                yield collate_clips({key: batch[key] for key in TRAIN_KEYS})
+                yield collate_clips({key: batch[key] for key in train_keys(self.cfg)})
 
     def fields(self) -> dict:
         """Figures for the run's result."""

@@ -32,7 +32,7 @@ from swmcli.errors import BudgetExceeded, DatasetError, MissingPathError, SwmErr
 from swmcli.host import available_host_bytes
 from swmcli.report import info, warn
 from swmcli.training.distributed import rank_share
-from swmcli.training.step import TRAIN_KEYS, ClipOrder
+from swmcli.training.step import ClipOrder, train_keys
 from swmcli.units import format_bytes
 
 
@@ -152,7 +152,7 @@ def open_training_data(cfg: SwmConfig):
     def load(episodes):
         return load_dataset(
             cfg.data.path,
-            keys_to_load=TRAIN_KEYS,
+            keys_to_load=train_keys(cfg),
             history_len=cfg.data.history_len,
             frameskip=cfg.data.frameskip,
             cache_dir=cfg.data.cache_dir,
@@ -180,7 +180,8 @@ def open_training_data(cfg: SwmConfig):
             hint=f"lower --batch-size to at most {len(dataset) // cfg.train.grad_accum}, "
             "or collect more episodes",
         )
-    return dataset, episodes, {**everything.metadata, **usable}
+    # The loaded keys' shapes, for data whose metadata does not list them (model_args reads them).
+    return dataset, episodes, {"keys": everything.keys, **everything.metadata, **usable}
 
 
 def check_usable(schema, path) -> dict[str, int]:

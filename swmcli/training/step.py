@@ -14,8 +14,14 @@ import torch
 from swmcli.training.distributed import gradient_sync, mean_over_ranks
 
 TRAIN_KEYS = ["pixels", "action"]  # the only keys the loss reads: the loader fetches nothing else
+PROPRIO_KEY = "proprio"  # the agent's own state, read too with model.proprio
 WARMUP_FRACTION = 0.05
 FINAL_LR_FRACTION = 0.1
+
+
+def train_keys(cfg) -> list[str]:
+    """The keys training reads: ``TRAIN_KEYS``, and the agent's state with ``model.proprio``."""
+    return [*TRAIN_KEYS, PROPRIO_KEY] if cfg.model.proprio else TRAIN_KEYS
 
 
 def learning_rate(step: int, total_steps: int, peak: float) -> float:

@@ -1,0 +1,82 @@
+"""stable-worldmodel's own Push-T (``stable_worldmodel:swm/PushT-v1``) through swm, at tiny sizes.
+
+Its venv is not swm's: stable-worldmodel imports torchvision, which needs the torch it was built
+with (docs/bring-your-env.md, "stable-worldmodel's swm/PushT-v1"). Skipped, visibly, where
+stable-worldmodel is not installed.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_worldmodel", reason="needs stable-worldmodel and its torchvision")
+
+from swmcli.commands.collect import run_collect
+from swmcli.commands.evaluate import _goal_episodes, run_eval
+from swmcli.commands.train import run_train
+from swmcli.config import resolve_config
+from swmcli.data.formats import open_reader
+from swmcli.envs.make import make_env
+from swmcli.envs.plugins import restore_recorded
+from swmcli.memory.measure import MemoryMonitor
+
+ENV = "stable_worldmodel:swm/PushT-v1"
+TINY = {
+    "env.id": ENV,
+    "env.resolution": 32,
+    "env.max_episode_steps": 30,
+    "env.kwargs": {"resolution": 32, "with_target": False},
+    "collect.episodes": 5,
+    "collect.random_episodes": 1,
+    "train.steps": 3,
+    "train.batch_size": 4,
+    "model.cnn_width": 4,
+    "model.predictor_depth": 1,
+    "model.predictor_dim": 32,
+    "model.proprio": True,
+    "data.num_workers": 0,
+    "eval.heldout_episodes": 2,
+    "eval.episodes": 3,
+    "eval.goal_offset": 6,
+    "eval.samples": 8,
+    "eval.iterations": 1,
+    "eval.elites": 2,
+}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("swm_pusht")
+    flags = {**TINY, "collect.out": root / "s.lance", "data.path": root / "s.lance"}
+    cfg = resolve_config("pusht-64", flags={**flags, "train.out": root / "run"})
+    run_collect(cfg, MemoryMonitor())
+    run_train(cfg, MemoryMonitor())
+    return root / "run"
+
+
+def test_its_weak_policy_collects_proprio_and_moves_the_block(run_dir):
+    cfg = resolve_config(config_file=run_dir / "config.json")
+    reader = open_reader(cfg.data.path)
+    assert {"pixels", "proprio", "state"} <= set(reader.keys)
+    moved = 0
+    for episode in range(1, reader.num_episodes):  # episode 0 is random actions
+        rows = reader.read_episode(episode, keys=["state", "proprio"])
+        np.testing.assert_array_equal(rows["proprio"][:, :2], rows["state"][:, :2])
+        moved += np.linalg.norm(rows["state"][-1, 2:4] - rows["state"][0, 2:4]) > 1.0
+    reader.close()
+    assert moved >= 1
+
+
+def test_the_dataset_protocol_restores_its_recorded_states_and_plans(run_dir):
+    cfg = resolve_config(config_file=run_dir / "config.json")
+    for episode in _goal_episodes(cfg):
+        env = make_env(ENV, 32, 50, seed=0, kwargs=cfg.env.kwargs)
+        env, observation = restore_recorded(env, episode.state, episode.goal_state, seed=0)
+        # Its own _set_state runs one physics step (0.01 s) with the recorded velocity: the
+        # agent moves by at most a few pixels, the block stays where it was recorded.
+        np.testing.assert_allclose(observation["state"][2:5], episode.state[2:5], atol=1e-3)
+        np.testing.assert_allclose(observation["state"][:2], episode.state[:2], atol=10.0)
+        env.close()
+    fields = run_eval(run_dir, MemoryMonitor()).fields
+    assert fields["episodes"] == 3 and 0 <= fields["success_rate"] <= 1
