@@ -41,7 +41,7 @@ TINY = {
     "eval.heldout_episodes": 2,
     "eval.episodes": 3,
     "eval.goal_offset": 6,
-    "eval.max_steps": 8,
+    "eval.step_budget": 8,
     "eval.samples": 8,
     "eval.iterations": 1,
     "eval.elites": 2,
