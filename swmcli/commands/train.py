@@ -112,7 +112,8 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
                 with faults_named(run.model, run.optimizer, again, first=step == run.start):
                     step_of = (run.net, run.optimizer, on_device, run.runner, cfg.train.grad_clip)
                     parts, grad_norm = optimizer_step(*step_of, len(micro))
-                    last = logged_figures(parts, grad_norm, run.optimizer, world)
+                    figures = (parts, grad_norm, run.optimizer, world)
+                    last, stop = logged_figures(*figures, interrupted())
                 check_finite(last["loss"], step + 1, run.model, again)
                 if step - run.start >= TRACKED_STEADY_STEPS:
                     monitor.stop_tracking()  # their peak is every step's; the rest runs untracked
@@ -122,7 +123,6 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
                 done = step + 1
                 if done % cfg.train.log_every == 0 or done == last_step or step == run.start:
                     log(done, last)
-                stop = distributed.any_rank(interrupted(), world)
                 if stop or done % cfg.train.checkpoint_every == 0 or done == last_step:
                     run.checkpoint(done)
                 advance(1, loss=last["loss"], clips_per_s=round(last["clips_per_s"], 1))

@@ -109,18 +109,6 @@ def wrap(model, world: World, device):
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
-def any_rank(flag: bool, world: World) -> bool:
-    """True on every rank when ``flag`` is true on any (all ranks stop at the same step)."""
-    if world.size == 1:
-        return flag
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor([int(flag)], device=_collective_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
-
-
 def _collective_device():
     """Where a small tensor must be for a collective: NCCL reduces only CUDA tensors."""
     import torch

@@ -116,10 +116,17 @@ def clipped_norm(parameters: list, grad_clip: float):
     return grad_norm
 
 
-def logged_figures(parts: list[dict], grad_norm, optimizer, world) -> dict[str, float]:
+def logged_figures(
+    parts: list[dict], grad_norm, optimizer, world, interrupted: bool
+) -> tuple[dict[str, float], bool]:
     """The figures a step logs, read back from the device once: the mean of each loss term over
     the micro-batches (and over the data-parallel ranks: the global batch's), the gradient norm
-    and the learning rate."""
+    and the learning rate; and whether any rank was ``interrupted`` (all ranks then stop at this
+    step). The flag rides in the figures' all-reduce: one collective a step, not two."""
     means = {key: sum(float(part[key]) for part in parts) / len(parts) for key in parts[0]}
-    means = mean_over_ranks(means, world)
-    return {**means, "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"]}
+    means = mean_over_ranks({**means, STOP: float(interrupted)}, world)
+    stop = means.pop(STOP) > 0
+    return {**means, "grad_norm": float(grad_norm), "lr": optimizer.param_groups[0]["lr"]}, stop
+
+
+STOP = " stop"  # not a loss term's name: a key no model returns
