@@ -21,6 +21,7 @@ from swmcli.config import resolve_config
 from swmcli.errors import UsageError
 from swmcli.memory.measure import MemoryMonitor
 from swmcli.memory.predict import PeakPredictor, Variant, configured_variant, ddp_bucket_bytes
+from swmcli.training.checkpoints import load_checkpoint
 from swmcli.training.distributed import World, check_batch_split, rank_share
 
 ROOT = Path(__file__).parents[1]
@@ -182,3 +183,32 @@ def test_sharded_ranks_accumulating_train_as_one_process(tiny_data, tmp_path):
     cfg = resolve_config("tiny", flags={**flags, "runtime.nproc": 2, "runtime.shard": True})
     predicted = PeakPredictor(cfg, step).predict(configured_variant(cfg, 8)).peak_bytes
     assert predicted == pytest.approx(measured["live_tensor_peak_bytes"], rel=0.05)
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_checkpointed_step(tiny_data, tmp_path):
+    """Only rank 1 is told to stop: the flag travels in the step's all-reduce, so rank 0 stops
+    at the same step, the step is checkpointed, and nothing prints a traceback."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "swmcli", "train", "--preset", "tiny", "--nproc", "2"]
+    command += ["--steps", "400", "--set", "train.log_every=1"]
+    command += ["--set", "train.checkpoint_every=1000", "--data", str(tiny_data)]
+    launcher = subprocess.Popen(
+        [*command, "--out", str(run_dir)],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 600  # a wait, not a timing: a loaded machine starts slowly
+    while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.05)
+    victim = _rank_pid(launcher.pid, 1)
+    assert victim is not None
+    os.kill(victim, signal.SIGTERM)
+    stdout, stderr = launcher.communicate(timeout=300)
+    assert launcher.returncode == 130, stdout + stderr
+    assert "Traceback" not in stdout + stderr
+    saved = load_checkpoint(run_dir)["step"]
+    assert 3 <= saved < 400 and saved == _metrics(run_dir)[-1]["step"]
