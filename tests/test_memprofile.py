@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
+from torch.utils._pytree import tree_leaves
 from typer.testing import CliRunner
 
 from swmcli import report
@@ -72,9 +73,9 @@ def tiny_variant(cfg, **changes) -> Variant:
 
 def real_live_peak(model, make) -> int:
     """The step's peak of live tensor bytes on real CPU tensors, by the dispatch-mode counter."""
-    inputs, run = make(model)
+    alive, run = make(model)
     live = LiveTensorBytes()
-    for tensor in [*model.parameters(), *model.buffers(), *inputs.values()]:
+    for tensor in [*model.parameters(), *model.buffers(), *tree_leaves(alive)]:
         live.track_tensor(tensor)
     with live:
         run()

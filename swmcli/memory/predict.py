@@ -131,7 +131,7 @@ def make_optimizer_state(model, optimizer) -> None:
     tensors, less the state during its forward and backward."""
     import torch
 
-    parameters = [p for p in model.parameters() if p.requires_grad]
+    parameters = trainable(model)
     for parameter in parameters:
         parameter.grad = torch.zeros_like(parameter)
     if isinstance(optimizer, InBackwardOptimizer):  # one optimizer per parameter
@@ -141,6 +141,76 @@ def make_optimizer_state(model, optimizer) -> None:
         optimizer.step()
     for parameter in parameters:
         parameter.grad = None
+
+
+def trainable(model) -> list:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _state_of(optimizer, parameter) -> dict:
+    """Where ``optimizer`` keeps ``parameter``'s state (its own, per-parameter optimizer's)."""
+    if isinstance(optimizer, InBackwardOptimizer):
+        return optimizer.optimizers[parameter].state
+    return optimizer.state
+
+
+class OptimizerStates:
+    """The state a second training step starts with, for each model shape traced: made by
+    ``make_optimizer_state`` the first time, then remade one tensor at a time from what that
+    update made (an update on fake tensors is a quarter of a ViT-B trace, and per-parameter
+    optimizers step hundreds of times): zeros of the moments' shapes, and scalars (AdamW's
+    ``step``) with their values, which the next update reads."""
+
+    def __init__(self) -> None:
+        self._layouts: dict[Any, list[dict[str, Any]]] = {}
+
+    def make(self, key, model, optimizer) -> list:
+        """Give ``optimizer`` (of ``model``) its state; returns the state's tensors."""
+        parameters = trainable(model)
+        layout = self._layouts.get(key)
+        if layout is None:
+            make_optimizer_state(model, optimizer)
+            self._layouts[key] = [
+                {name: _entry(value) for name, value in _state_of(optimizer, p)[p].items()}
+                for p in parameters
+            ]
+        else:
+            for parameter, entries in zip(parameters, layout, strict=True):
+                state = {name: _remade(entry) for name, entry in entries.items()}
+                _state_of(optimizer, parameter)[parameter] = state
+        return [list(_state_of(optimizer, p)[p].values()) for p in parameters]
+
+
+@dataclass(frozen=True)
+class _StateTensor:
+    """How to remake one tensor of optimizer state: zeros of its layout, or a scalar's value."""
+
+    layout: tuple  # (shape, stride); () for a scalar
+    dtype: Any
+    device: Any
+    value: float | None  # a scalar's (AdamW's step count, which the update reads)
+
+    def make(self):
+        import torch
+
+        if self.value is not None:
+            return torch.tensor(self.value, dtype=self.dtype, device=self.device)
+        return torch.empty_strided(*self.layout, dtype=self.dtype, device=self.device).zero_()
+
+
+def _entry(value):
+    """What remakes one state value: a ``_StateTensor`` for a tensor, else the value itself."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.dim() == 0:
+        return _StateTensor((), value.dtype, value.device, value.item())
+    return _StateTensor((value.shape, value.stride()), value.dtype, value.device, None)
+
+
+def _remade(entry):
+    return entry.make() if isinstance(entry, _StateTensor) else entry
 
 
 def eval_step(model, batch, runner, grad_free: bool):
@@ -245,6 +315,7 @@ class PeakPredictor:
         self.action_dim = int(np.asarray(step["action"]).size)
         self._models: dict[tuple[int, int], Any] = {}
         self._peaks: dict[Variant, StepPeak] = {}
+        self._optimizer_states = OptimizerStates()
         self.seconds = 0.0
 
     def model(self, history_len: int, frameskip: int, checkpointing: str | None = None):
@@ -289,7 +360,7 @@ class PeakPredictor:
         return self._peaks[variant]
 
     def step_maker(self, variant: Variant) -> Callable:
-        """``make(model) -> (inputs, run)`` for ``trace_step_peak``: the variant's step."""
+        """``make(model) -> (alive, run)`` for ``trace_step_peak``: the variant's step."""
         return self._train_maker(variant) if variant.kind == "train" else self._eval_maker(variant)
 
     def _train_maker(self, variant: Variant) -> Callable:
@@ -302,12 +373,13 @@ class PeakPredictor:
             runner.prepare(model)
             grad_clip = traced_grad_clip(self.cfg, variant)
             micro_batches = traced_micro_batches(self.cfg, variant)
+            shape = (variant.history_len, variant.frameskip, variant.in_backward)
+            state = self._optimizer_states.make(shape, model, optimizer)
 
             def run() -> None:
-                make_optimizer_state(model, optimizer)
                 train_step(objective, optimizer, batch, runner, grad_clip, micro_batches)
 
-            return batch, run
+            return {"inputs": batch, "optimizer_state": state}, run
 
         return make
 
@@ -316,7 +388,7 @@ class PeakPredictor:
             batch = clip_batch(self.step, variant)
             runner = TraceRunner(variant.bf16, self.device)
             runner.prepare(model)
-            return batch, lambda: eval_step(model, batch, runner, variant.grad_free)
+            return {"inputs": batch}, lambda: eval_step(model, batch, runner, variant.grad_free)
 
         return make
 
