@@ -186,11 +186,12 @@ def test_sharded_ranks_accumulating_train_as_one_process(tiny_data, tmp_path):
 
 
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_checkpointed_step(tiny_data, tmp_path):
-    """Only rank 1 is told to stop: the flag travels in the step's all-reduce, so rank 0 stops
-    at the same step, the step is checkpointed, and nothing prints a traceback."""
+    """Only rank 1 is told to stop, between the steps that log: the flag travels in the ranks'
+    next meeting (about a second ahead), so rank 0 stops at the same step, the step is
+    checkpointed and logged, and nothing prints a traceback."""
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "swmcli", "train", "--preset", "tiny", "--nproc", "2"]
-    command += ["--steps", "400", "--set", "train.log_every=1"]
+    command += ["--steps", "400", "--set", "train.log_every=1000"]
     command += ["--set", "train.checkpoint_every=1000", "--data", str(tiny_data)]
     launcher = subprocess.Popen(
         [*command, "--out", str(run_dir)],
@@ -201,7 +202,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_checkpointed_step(tiny
     )
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 600  # a wait, not a timing: a loaded machine starts slowly
-    while not metrics.exists() or len(metrics.read_text().splitlines()) < 3:
+    while not metrics.exists() or not metrics.read_text():  # the first step is logged
         assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
         time.sleep(0.05)
     victim = _rank_pid(launcher.pid, 1)
@@ -211,4 +212,4 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_checkpointed_step(tiny
     assert launcher.returncode == 130, stdout + stderr
     assert "Traceback" not in stdout + stderr
     saved = load_checkpoint(run_dir)["step"]
-    assert 3 <= saved < 400 and saved == _metrics(run_dir)[-1]["step"]
+    assert 1 < saved < 400 and saved == _metrics(run_dir)[-1]["step"]

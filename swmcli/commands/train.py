@@ -52,7 +52,7 @@ from swmcli.training.metrics import (
 from swmcli.training.online import OnlineData
 from swmcli.training.run_directory import run_config, stopped_after
 from swmcli.training.sources import ActionCheck, StoredData, TrainingData
-from swmcli.training.step import learning_rate, logged_figures, model_bytes, optimizer_step
+from swmcli.training.step import RankMeetings, learning_rate, model_bytes, optimizer_step
 from swmcli.units import format_bytes
 
 # Steady steps counted by the live-tensor tracker (CPU): the first sees the weights and AdamW state
@@ -88,7 +88,8 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
         check = ActionCheck(cfg.data.path, run.args["action_dim"], data.warnings)
         clips_per_step = cfg.train.batch_size * cfg.train.grad_accum
         last: dict[str, float] = {}
-        steady_seconds = 0.0
+        steady_seconds = seconds = 0.0
+        meetings = RankMeetings(world, cfg.train.log_every, last_step)
         with (
             closing(data),
             progress("train", total=last_step - run.start) as advance,
@@ -102,7 +103,7 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
                 elif step == run.start + 1:
                     phase.close()
                     phase.enter_context(monitor.phase("steady state"))
-                began = time.perf_counter()
+                began, done = time.perf_counter(), step + 1
                 micro = [next(run.batches) for _ in range(cfg.train.grad_accum)]
                 check(micro)
                 for group in run.optimizer.param_groups:
@@ -112,16 +113,15 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
                 with faults_named(run.model, run.optimizer, again, first=step == run.start):
                     step_of = (run.net, run.optimizer, on_device, run.runner, cfg.train.grad_clip)
                     parts, grad_norm = optimizer_step(*step_of, len(micro))
-                    figures = (parts, grad_norm, run.optimizer, world)
-                    last, stop = logged_figures(*figures, interrupted())
-                check_finite(last["loss"], step + 1, run.model, again)
+                    figures = (parts, grad_norm, run.optimizer, interrupted(), seconds)
+                    last, stop = meetings.figures(done, *figures)
+                check_finite(last["loss"], done, run.model, again)
                 if step - run.start >= TRACKED_STEADY_STEPS:
                     monitor.stop_tracking()  # their peak is every step's; the rest runs untracked
                 seconds = time.perf_counter() - began
                 steady_seconds += seconds if step > run.start else 0.0
                 last["clips_per_s"] = clips_per_step / seconds
-                done = step + 1
-                if done % cfg.train.log_every == 0 or done == last_step or step == run.start:
+                if stop or step == run.start or meetings.logs(done):
                     log(done, last)
                 if stop or done % cfg.train.checkpoint_every == 0 or done == last_step:
                     run.checkpoint(done)
