@@ -13,7 +13,8 @@ import pytest
 
 pytest.importorskip("gym_pusht", reason="Push-T needs the [pusht] extra: pip install gym-pusht")
 
-from swmcli.commands.collect import run_collect
+import pusht_tiny
+
 from swmcli.commands.evaluate import _goal_episodes, load_model, run_eval
 from swmcli.commands.train import run_train
 from swmcli.config import resolve_config
@@ -27,35 +28,15 @@ from swmcli.models.runner import make_runner
 from swmcli.planning.episodes import run_episodes
 
 TINY = {
-    "env.resolution": 32,
-    "env.max_episode_steps": 30,
+    **pusht_tiny.TINY,
     "env.kwargs": {"observation_width": 32, "observation_height": 32},
-    "collect.episodes": 5,
-    "collect.random_episodes": 1,
-    "train.steps": 3,
-    "train.batch_size": 4,
-    "model.cnn_width": 4,
-    "model.predictor_depth": 1,
-    "model.predictor_dim": 32,
-    "data.num_workers": 0,
-    "eval.heldout_episodes": 2,
-    "eval.episodes": 3,
-    "eval.goal_offset": 6,
     "eval.step_budget": 8,
-    "eval.samples": 8,
-    "eval.iterations": 1,
-    "eval.elites": 2,
 }
 
 
 @pytest.fixture(scope="module")
 def pusht_run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("pusht")
-    flags = {**TINY, "collect.out": root / "p.lance", "data.path": root / "p.lance"}
-    cfg = resolve_config("pusht-64", flags={**flags, "train.out": root / "run"})
-    run_collect(cfg, MemoryMonitor())
-    run_train(cfg, MemoryMonitor())
-    return root / "run"
+    return pusht_tiny.collect_and_train(tmp_path_factory.mktemp("pusht"), TINY)
 
 
 def _cfg(run_dir: Path):

@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("stable_worldmodel", reason="needs stable-worldmodel and its torchvision")
 
-from swmcli.commands.collect import run_collect
+import pusht_tiny
+
 from swmcli.commands.evaluate import _goal_episodes, run_eval
-from swmcli.commands.train import run_train
 from swmcli.config import resolve_config
 from swmcli.data.formats import open_reader
 from swmcli.envs.make import make_env
@@ -23,36 +23,16 @@ from swmcli.memory.measure import MemoryMonitor
 
 ENV = "stable_worldmodel:swm/PushT-v1"
 TINY = {
+    **pusht_tiny.TINY,
     "env.id": ENV,
-    "env.resolution": 32,
-    "env.max_episode_steps": 30,
     "env.kwargs": {"resolution": 32, "with_target": False},
-    "collect.episodes": 5,
-    "collect.random_episodes": 1,
-    "train.steps": 3,
-    "train.batch_size": 4,
-    "model.cnn_width": 4,
-    "model.predictor_depth": 1,
-    "model.predictor_dim": 32,
     "model.proprio": True,
-    "data.num_workers": 0,
-    "eval.heldout_episodes": 2,
-    "eval.episodes": 3,
-    "eval.goal_offset": 6,
-    "eval.samples": 8,
-    "eval.iterations": 1,
-    "eval.elites": 2,
 }
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("swm_pusht")
-    flags = {**TINY, "collect.out": root / "s.lance", "data.path": root / "s.lance"}
-    cfg = resolve_config("pusht-64", flags={**flags, "train.out": root / "run"})
-    run_collect(cfg, MemoryMonitor())
-    run_train(cfg, MemoryMonitor())
-    return root / "run"
+    return pusht_tiny.collect_and_train(tmp_path_factory.mktemp("swm_pusht"), TINY)
 
 
 def test_its_weak_policy_collects_proprio_and_moves_the_block(run_dir):

@@ -131,7 +131,7 @@ def make_optimizer_state(model, optimizer) -> None:
     tensors, less the state during its forward and backward."""
     import torch
 
-    parameters = trainable(model)
+    parameters = _trainable(model)
     for parameter in parameters:
         parameter.grad = torch.zeros_like(parameter)
     if isinstance(optimizer, InBackwardOptimizer):  # one optimizer per parameter
@@ -143,7 +143,7 @@ def make_optimizer_state(model, optimizer) -> None:
         parameter.grad = None
 
 
-def trainable(model) -> list:
+def _trainable(model) -> list:
     return [p for p in model.parameters() if p.requires_grad]
 
 
@@ -166,7 +166,7 @@ class OptimizerStates:
 
     def make(self, key, model, optimizer) -> list:
         """Give ``optimizer`` (of ``model``) its state; returns the state's tensors."""
-        parameters = trainable(model)
+        parameters = _trainable(model)
         layout = self._layouts.get(key)
         if layout is None:
             make_optimizer_state(model, optimizer)
