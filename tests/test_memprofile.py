@@ -129,6 +129,23 @@ def test_prediction_with_levers_equals_real_cpu_live_peak(factory, modules, chan
     assert predicted.peak_bytes == pytest.approx(measured, rel=0.05)
 
 
+@pytest.mark.parametrize("in_backward", [False, True], ids=["adamw", "optimizer-in-backward"])
+def test_optimizer_state_remade_from_its_shapes_predicts_as_the_update_made_it(in_backward):
+    """The first training row of a model shape makes the optimizer state by an update; later
+    rows remake it from its shapes: the same step predicts the same bytes either way."""
+    cfg = resolve_config("tiny")
+    variant = replace(tiny_variant(cfg), in_backward=in_backward)
+    made = PeakPredictor(cfg, tworoom_step(cfg.env.resolution)).predict(variant)
+    predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
+    predictor.predict(replace(variant, batch_size=2))  # makes the state of this shape
+    remade = predictor.predict(variant)
+
+    assert remade.by_category == made.by_category
+    model = predictor.model(variant.history_len, variant.frameskip)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert made.by_category["optimizer_state"] >= 2 * params  # AdamW's two moments at least
+
+
 def test_fake_and_real_traces_agree_by_category(tiny):
     cfg, predictor = tiny
     variant = tiny_variant(cfg)
