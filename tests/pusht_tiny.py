@@ -26,6 +26,7 @@ TINY = {
     "eval.samples": 8,
     "eval.iterations": 1,
     "eval.elites": 2,
+    "eval.keep_elites": 1,
 }
 
 

@@ -16,7 +16,6 @@ pytest.importorskip("gym_pusht", reason="Push-T needs the [pusht] extra: pip ins
 import pusht_tiny
 
 from swmcli.commands.evaluate import _goal_episodes, load_model, run_eval
-from swmcli.commands.train import run_train
 from swmcli.config import resolve_config
 from swmcli.data.formats import open_reader
 from swmcli.envs.make import make_env
@@ -124,23 +123,20 @@ def test_observations_carry_the_agents_position_and_velocity_as_proprio():
     env.close()
 
 
-def test_a_model_trained_with_proprio_plans_with_the_goal_state_and_refuses_random_goals(
+def test_the_presets_model_holds_the_agents_state_plans_with_it_and_refuses_random_goals(
     pusht_run,
 ):
     cfg = _cfg(pusht_run)
-    assert "proprio" in open_reader(cfg.data.path).keys
-    flags = {**TINY, "data.path": cfg.data.path, "model.proprio": True}
-    proprio_cfg = resolve_config("pusht-64", flags={**flags, "train.out": pusht_run.parent / "p"})
-    run_train(proprio_cfg, MemoryMonitor())
+    assert cfg.model.proprio and "proprio" in open_reader(cfg.data.path).keys
     runner = make_runner()
-    model, state = load_model(pusht_run.parent / "p", proprio_cfg, runner)
+    model, state = load_model(pusht_run, cfg, runner)
     assert state["model_args"]["proprio_dim"] == 4 and model.proprio_dims == 4
-    episodes = _goal_episodes(proprio_cfg)
+    episodes = _goal_episodes(cfg)
     assert all(episode.goal_proprio.shape == (4,) for episode in episodes)
-    result = run_eval(pusht_run.parent / "p", MemoryMonitor())
+    result = run_eval(pusht_run, MemoryMonitor())
     assert result.fields["episodes"] == 3 and 0 <= result.fields["success_rate"] <= 1
     random_goals = resolve_config(
-        config_file=pusht_run.parent / "p" / "config.json", flags={"eval.protocol": "random-goal"}
+        config_file=pusht_run / "config.json", flags={"eval.protocol": "random-goal"}
     )
     with pytest.raises(UsageError, match=r"model\.proprio"):
         _goal_episodes(random_goals)

@@ -26,7 +26,6 @@ TINY = {
     **pusht_tiny.TINY,
     "env.id": ENV,
     "env.kwargs": {"resolution": 32, "with_target": False},
-    "model.proprio": True,
 }
 
 
