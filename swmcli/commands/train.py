@@ -19,6 +19,7 @@ of each global batch, DDP averages the gradients, batch statistics see the globa
 alone writes and reports; ``runtime.nproc`` > 1 outside torchrun launches the ranks.
 """
 
+import gc
 import tempfile
 import time
 from collections.abc import Iterator
@@ -136,7 +137,13 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
                     stopped_after(done, run_dir, world)
         steady_steps = last_step - run.start - 1  # the first step compiles: not steady
         steady = clips_per_step * steady_steps / steady_seconds if steady_steps else None
-        return _result(run, monitor, last, steady, steady_seconds, resume)
+        result = _result(run, monitor, last, steady, steady_seconds, resume)
+        # DDP holds the process group: drop it now, so the group (and gloo's threads) goes when
+        # `joined` destroys it, not in a garbage collection during interpreter exit, where
+        # gloo's threads abort the process ("terminate called without an active exception").
+        run = step_of = None
+        gc.collect()
+        return result
 
 
 def _launch(cfg: config.SwmConfig, resume: bool, as_json: bool) -> None:
