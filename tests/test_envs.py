@@ -245,6 +245,7 @@ def test_any_rgb_array_env_gets_resized_pixels_and_flat_state():
     env = make_env(TINY_ID, 24, 10, seed=0)
     observation, _ = env.reset(seed=1)
     assert observation["pixels"].shape == (24, 24, 3) and observation["pixels"].dtype == np.uint8
+    assert observation["pixels"].flags.writeable  # torch warns on a read-only array
     assert observation["state"].shape == (4,) and observation["state"].dtype == np.float32
     shade = observation["pixels"][0, 0, 0]
     assert shade == int((observation["state"][0] + 1) * 127)  # the env's own frame, resized
@@ -291,3 +292,15 @@ def test_unknown_ids_and_tiny_resolutions_are_usage_errors():
     assert caught.value.hint == "pip install swm_no_such_module"
     with pytest.raises(UsageError, match="resolution 8 is too small"):
         make_env(TWOROOM_ID, 8, 50)
+
+
+def test_pusht_goal_distances_split_the_success_norm_and_wrap_the_angle():
+    from swmcli.envs import pusht
+
+    goal = np.array([100.0, 100.0, 200.0, 200.0, 0.05])
+    state = np.array([103.0, 104.0, 212.0, 191.0, 2 * np.pi - 0.05])  # 0.1 rad the short way
+    agent, block, angle = pusht.goal_distances(state, goal)
+    assert (agent, block) == (5.0, 15.0)
+    assert angle == pytest.approx(0.1)
+    # stable-worldmodel's criterion is one norm over the four coordinates: here 15.8 < 20.
+    assert math.hypot(agent, block) == pytest.approx(np.linalg.norm(state[:4] - goal[:4]))

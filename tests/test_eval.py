@@ -194,6 +194,9 @@ def test_dataset_protocol_starts_from_recorded_states_with_goals_offset_ahead(ti
         assert step + 5 < len(rows["state"])
         np.testing.assert_array_equal(episode.state, rows["state"][step])
         np.testing.assert_array_equal(episode.goal_pixels, rows["pixels"][step + 5])
+        # Its own rows, not views that would hold the whole episode's frames while eval runs.
+        for held in (episode.state, episode.goal_state, episode.goal_pixels):
+            assert held.base is None or held.base.nbytes <= 2 * held.nbytes
         env = make_env(cfg.env.id, cfg.env.resolution, 50, seed=0)
         env, observation = restore_recorded(env, episode.state, episode.goal_state, seed=0)
         # The env now is where the dataset was: same frame, and its goal is the state 5 steps on.

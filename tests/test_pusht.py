@@ -6,6 +6,9 @@ the random baseline on the same episodes, and data in which the block moves. Ski
 where gym-pusht is not installed.
 """
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +143,24 @@ def test_the_presets_model_holds_the_agents_state_plans_with_it_and_refuses_rand
     )
     with pytest.raises(UsageError, match=r"model\.proprio"):
         _goal_episodes(random_goals)
+
+
+def test_the_misses_benchmark_splits_the_runs_own_successes_by_what_the_goal_asks(pusht_run):
+    fields = run_eval(pusht_run, MemoryMonitor()).fields
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "pusht_misses.py"), str(pusht_run)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {
+        tuple(cell.strip() for cell in line.split("│")[1:3]): line.split("│")[3].strip()
+        for line in done.stdout.splitlines()
+        if line.count("│") >= 5
+    }
+    for policy, rate in (("planner", "success_rate"), ("random actions", "random_success_rate")):
+        alone, move = rows[(policy, "agent alone")], rows[(policy, "block must move")]
+        wins = int(alone.split("/")[0]) + int(move.split("/")[0])
+        count = int(alone.split("/")[1]) + int(move.split("/")[1])
+        assert count == fields["episodes"] == 3
+        assert wins == round(fields[rate] * count), (policy, rows)

@@ -243,7 +243,7 @@ class PixelObservation(gym.Wrapper):
         image = Image.fromarray(np.asarray(frame, np.uint8)[..., :3])
         if image.size != (self.resolution, self.resolution):
             image = image.resize((self.resolution, self.resolution), Image.BILINEAR)
-        return np.asarray(image)
+        return np.array(image)  # a writable copy: PIL's own buffer is read-only (torch warns)
 
     def observe(self, observation) -> dict[str, np.ndarray]:
         """The dict observation of the wrapped env's ``observation`` and its current frame."""

@@ -67,12 +67,21 @@ def restore(env, state: np.ndarray, goal_state: np.ndarray, seed: int):
 
 def reached(env, terminated: bool, info: dict, goal_state: np.ndarray) -> bool:
     """Whether agent and block are at ``goal_state`` (stable-worldmodel's Push-T criterion)."""
-    state = env.unwrapped.get_obs()
-    goal = np.asarray(goal_state, np.float64)
-    distance = np.linalg.norm(state[:4] - goal[:4])
+    agent, block, angle = goal_distances(env.unwrapped.get_obs(), goal_state)
+    return bool(np.hypot(agent, block) < SUCCESS_DISTANCE and angle < SUCCESS_ANGLE)
+
+
+def goal_distances(state: np.ndarray, goal_state: np.ndarray) -> tuple[float, float, float]:
+    """The agent's and the block's distance to their goal positions (arena pixels; the success
+    distance is their joint norm) and the block's angle to its goal angle (radians, at most pi).
+    """
+    state, goal = np.asarray(state, np.float64), np.asarray(goal_state, np.float64)
     angle = abs(float(state[4]) - float(goal[4])) % (2 * np.pi)
-    angle = min(angle, 2 * np.pi - angle)
-    return bool(distance < SUCCESS_DISTANCE and angle < SUCCESS_ANGLE)
+    return (
+        float(np.linalg.norm(state[:2] - goal[:2])),
+        float(np.linalg.norm(state[2:4] - goal[2:4])),
+        min(angle, 2 * np.pi - angle),
+    )
 
 
 def block_centre(state: np.ndarray) -> np.ndarray:

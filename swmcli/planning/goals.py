@@ -69,13 +69,15 @@ def dataset_episodes(path, settings) -> list[GoalEpisode]:
         for i, (episode, step) in enumerate(starts):
             rows = reader.read_episode(episode, keys=keys)
             goal_step = step + settings.goal_offset
+            # Taken by a list (a copy): a plain row would keep its whole episode alive, read-only.
+            row = {key: value[[step, goal_step]] for key, value in rows.items()}
             episodes.append(
                 GoalEpisode(
                     seed=settings.seed + i,
-                    state=rows["state"][step],
-                    goal_state=rows["state"][goal_step],
-                    goal_pixels=rows["pixels"][goal_step],
-                    goal_proprio=rows["proprio"][goal_step] if "proprio" in rows else None,
+                    state=row["state"][0],
+                    goal_state=row["state"][1],
+                    goal_pixels=row["pixels"][1],
+                    goal_proprio=row["proprio"][1] if "proprio" in row else None,
                     source=(episode, step),
                 )
             )
