@@ -339,3 +339,23 @@ def test_eval_refuses_data_replaced_at_another_resolution(tiny_run, tmp_path):
     (run_dir / "config.json").write_text(json.dumps(config))
     with pytest.raises(UsageError, match="trained on 32x32 frames"):
         run_eval(run_dir, MemoryMonitor(), _with(run_dir, {"eval.episodes": 1}))
+
+
+def test_the_plan_or_model_benchmark_costs_every_start_row_under_the_model(tiny_run):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    sets = ["eval.protocol=dataset", "eval.goal_offset=3", "eval.episodes=3"]
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "plan_or_model.py"), str(tiny_run),
+         *[part for item in sets for part in ("--set", item)]],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("│ 3 "))
+    rows, short, misranked, ratio = (cell.strip() for cell in row.strip("│ ").split("│"))
+    # tiny's horizon (3 blocks of 1 step) is the offset: every start row has its recorded plan.
+    assert rows == "3" and int(short) + int(misranked) == 3
+    assert float(ratio) > 0 and "do not end at the goal" not in done.stdout
