@@ -27,15 +27,20 @@ from swmcli.commands.evaluate import load_model
 from swmcli.config import SwmConfig, load_run_config
 from swmcli.data.clips import fold_actions
 from swmcli.data.formats import open_reader
+from swmcli.envs.make import make_env
+from swmcli.envs.plugins import restore_recorded
 from swmcli.models.rollout import encode_observation
 from swmcli.models.runner import make_runner
 from swmcli.planning.goals import goal_episodes
-from swmcli.planning.planners import PLANNERS, plan_costs, planner_settings
+from swmcli.planning.planners import PLANNERS, latent_costs, plan_costs, planner_settings
 
 
-def first_plan_costs(run: Path, cfg: SwmConfig) -> list[tuple[float, float]]:
-    """Per start row of the dataset protocol (``cfg``: the run's), in ``swm eval``'s order: (the
-    cost of the planner's first plan, the cost of the recorded actions over the same horizon)."""
+def first_plan_costs(run: Path, cfg: SwmConfig, play: bool = False) -> list[dict]:
+    """Per start row of the dataset protocol (``cfg``: the run's), in ``swm eval``'s order:
+    ``model``, the cost under the model of (the planner's first plan, the recorded actions over
+    the same horizon); with ``play``, also ``env``, their costs from the observations the env
+    reached, ``reached``, whether each reached the goal, and ``env_image``, the image's share of
+    the distance to the goal after each block (the agent's state left out), per block."""
     runner = make_runner()
     model, state = load_model(run, cfg, runner)
     shape = state["model_args"]
@@ -60,22 +65,51 @@ def first_plan_costs(run: Path, cfg: SwmConfig) -> list[tuple[float, float]]:
             plan = PLANNERS[cfg.eval.planner](model, latent, goal_latent, mean, settings, generator)
             recorded = fold_actions(rows["action"][step : step + steps], settings.horizon)
             recorded = torch.as_tensor(recorded).to(plan)
-            both = plan_costs(
-                model, latent, goal_latent, torch.stack([plan, recorded]), settings.cost,
-                settings.proprio_weight,
-            )  # fmt: skip
-            costs.append((float(both[0]), float(both[1])))
+            both = torch.stack([plan, recorded])
+            cost = (settings.cost, settings.proprio_weight)
+            row = {"model": plan_costs(model, latent, goal_latent, both, *cost).tolist()}
+            if play:
+                played = [_play(cfg, shape, episode, blocks, runner, keys) for blocks in both]
+                reached = torch.stack([encode_observation(model, seen) for seen, _ in played])
+                row["env"] = latent_costs(model, reached, goal_latent, *cost).tolist()
+                # The image's share of the distance after each block (the agent's state left out).
+                image = [
+                    latent_costs(model, reached[:, :end], goal_latent, "terminal", 0.0)
+                    for end in range(1, settings.horizon + 1)
+                ]
+                row["env_image"] = torch.stack(image).tolist()
+                row["reached"] = [hit for _, hit in played]
+            costs.append(row)
     reader.close()
     return costs
+
+
+def _play(cfg: SwmConfig, shape: dict, episode, blocks: torch.Tensor, runner, keys: list[str]):
+    """``blocks`` run in the env from the episode's restored start: (the observations after each
+    block, batched on the device; whether the goal was reached on the way)."""
+    limit, seed = cfg.env.max_episode_steps, episode.seed
+    env = make_env(cfg.env.id, shape["resolution"], limit, seed, cfg.env.kwargs)
+    env, observation = restore_recorded(env, episode.state, episode.goal_state, episode.seed)
+    seen, reached = [], False
+    for block in blocks.float().cpu().numpy():
+        for action in block.reshape(-1, shape["action_dim"]):
+            observation, _, _, _, info = env.step(action)
+            reached = reached or bool(info.get("success"))
+        seen.append(observation)
+    env.close()
+    batch = {key: np.stack([observation[key] for observation in seen]) for key in keys}
+    return runner.to_device(batch), reached
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path)
     parser.add_argument("--set", action="append", default=[], dest="overrides")
+    parser.add_argument("--play", action="store_true", help="also run both in the env")
     args = parser.parse_args()
     cfg = load_run_config(args.run, sets=args.overrides)  # as `swm eval RUN --set` resolves it
-    costs = np.array(first_plan_costs(args.run, cfg))
+    rows = first_plan_costs(args.run, cfg, args.play)
+    costs = np.array([row["model"] for row in rows])
     short = costs[:, 0] > costs[:, 1]
     table = Table(title="The planner's first plan against the recorded actions, under the model")
     for column in ("start rows", "search fell short", "the cost misranks", "median cost ratio"):
@@ -94,6 +128,40 @@ def main() -> None:
         "misranks: the plan found costs less than actions known to reach the goal; ratio: the "
         "plan's cost over the recorded actions'"
     )
+    if args.play:
+        console.print(_played_table(rows))
+        image = np.median([row["env_image"] for row in rows], axis=0)  # (blocks, 2)
+        for i, name in enumerate(("the first plan", "the recorded actions")):
+            distances = ", ".join(f"{value:.3g}" for value in image[:, i])
+            console.print(f"{name}: the image's distance to the goal after each block: {distances}")
+        env = np.array([row["env"] for row in rows])
+        console.print(
+            f"the recorded actions cost less than the plan in the env in "
+            f"{(env[:, 1] < env[:, 0]).sum()}/{len(rows)} rows, under the model in "
+            f"{short.sum()}/{len(rows)}: where the env ranks the plan first, the cost itself "
+            "prefers it to a path known to reach the goal"
+        )
+
+
+def _played_table(rows: list[dict]) -> Table:
+    """Predicted beside reached costs, and goals reached, for the plan and the recorded actions."""
+    predicted, reached = (np.array([row[key] for row in rows]) for key in ("model", "env"))
+    hits = np.array([row["reached"] for row in rows])
+    table = Table(title=f"The same actions run in the env from the restored start: {len(rows)}")
+    columns = (
+        "actions",
+        "cost under the model (median)",
+        "cost in the env (median)",
+        "env cost / model cost (median)",
+        "goal reached",
+    )
+    for column in columns:
+        table.add_column(column)
+    for i, name in enumerate(("the first plan", "the recorded actions")):
+        ratio = np.median(reached[:, i] / np.maximum(predicted[:, i], 1e-12))
+        medians = (f"{np.median(costs[:, i]):.4g}" for costs in (predicted, reached))
+        table.add_row(name, *medians, f"{ratio:.2f}", f"{hits[:, i].sum()}/{len(rows)}")
+    return table
 
 
 if __name__ == "__main__":

@@ -341,7 +341,9 @@ def test_eval_refuses_data_replaced_at_another_resolution(tiny_run, tmp_path):
         run_eval(run_dir, MemoryMonitor(), _with(run_dir, {"eval.episodes": 1}))
 
 
-def test_the_plan_or_model_benchmark_costs_every_start_row_under_the_model(tiny_run):
+def test_the_plan_or_model_benchmark_costs_every_start_row_under_the_model_and_in_the_env(
+    tiny_run,
+):
     import os
     import subprocess
     import sys
@@ -349,7 +351,7 @@ def test_the_plan_or_model_benchmark_costs_every_start_row_under_the_model(tiny_
     root = Path(__file__).resolve().parents[1]
     sets = ["eval.protocol=dataset", "eval.goal_offset=3", "eval.episodes=3"]
     done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "plan_or_model.py"), str(tiny_run),
+        [sys.executable, str(root / "benchmarks" / "plan_or_model.py"), str(tiny_run), "--play",
          *[part for item in sets for part in ("--set", item)]],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
     )  # fmt: skip
@@ -359,3 +361,10 @@ def test_the_plan_or_model_benchmark_costs_every_start_row_under_the_model(tiny_
     # tiny's horizon (3 blocks of 1 step) is the offset: every start row has its recorded plan.
     assert rows == "3" and int(short) + int(misranked) == 3
     assert float(ratio) > 0 and "do not end at the goal" not in done.stdout
+    # --play: the recorded actions, replayed in the env from the restored start, reach the goal.
+    played = next(line for line in done.stdout.splitlines() if "│ the recorded actions" in line)
+    assert played.rstrip(" │").endswith("3/3")
+    # ... and end on the goal frame itself: the image's distance after the last block is nil.
+    line = next(line for line in done.stdout.splitlines() if line.startswith("the recorded"))
+    distances = [float(value) for value in line.split(": ")[-1].split(", ")]
+    assert len(distances) == 3 and distances[-1] < 1e-6 < distances[0]

@@ -51,7 +51,14 @@ def plan_costs(
     history = latent.expand(count, 1, -1)
     no_actions = plans.new_zeros(count, 0, plans.shape[-1])
     predicted = rollout(model, history, no_actions, plans)
-    squared = (predicted.float() - goal.float()).pow(2)  # (S, H, D)
+    return latent_costs(model, predicted, goal, cost, proprio_weight)
+
+
+def latent_costs(
+    model, latents: torch.Tensor, goal, cost: str = "terminal", proprio_weight: float = 1.0
+) -> torch.Tensor:
+    """Cost of each sequence of latents ``(S, H, D)`` (one per block): ``plan_costs``' rule."""
+    squared = (latents.float() - goal.float()).pow(2)  # (S, H, D)
     proprio_dims = getattr(model, "proprio_dims", 0)
     if proprio_dims and proprio_weight != 1.0:
         squared[..., -proprio_dims:] *= proprio_weight
