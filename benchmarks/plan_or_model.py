@@ -87,9 +87,9 @@ def first_plan_costs(run: Path, cfg: SwmConfig, play: bool = False) -> list[dict
 def _play(cfg: SwmConfig, shape: dict, episode, blocks: torch.Tensor, runner, keys: list[str]):
     """``blocks`` run in the env from the episode's restored start: (the observations after each
     block, batched on the device; whether the goal was reached on the way)."""
-    limit, seed = cfg.env.max_episode_steps, episode.seed
-    env = make_env(cfg.env.id, shape["resolution"], limit, seed, cfg.env.kwargs)
-    env, observation = restore_recorded(env, episode.state, episode.goal_state, episode.seed)
+    seed = episode.seed
+    env = make_env(cfg.env.id, shape["resolution"], cfg.env.max_episode_steps, seed, cfg.env.kwargs)
+    env, observation = restore_recorded(env, episode.state, episode.goal_state, seed)
     seen, reached = [], False
     for block in blocks.float().cpu().numpy():
         for action in block.reshape(-1, shape["action_dim"]):
