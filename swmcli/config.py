@@ -252,6 +252,12 @@ class ModelConfig(Section):
         description="weight of the multi-step loss: the predictor rolled out over the clip from "
         "its first latent, its own predictions fed back (what planning does)",
     )
+    reconstruction_weight: float = Field(
+        0.0,
+        ge=0,
+        description="weight of a decoder's error drawing each frame back from its latent (swm's "
+        "CNN model): the latent must then hold all the frame shows, not only what moves most",
+    )
     proprio: bool = Field(
         False,
         description="feed the agent's own state (the data's proprio key: Push-T's position and "
@@ -758,7 +764,9 @@ SWM_MODEL_SETTINGS = (
     "encoder", "latent_dim", "cnn_width", "vit_patch", "vit_dim", "vit_depth", "vit_heads",
     "predictor_dim", "predictor_depth", "predictor_heads",
 )  # fmt: skip
-JEPA_LOSS_SETTINGS = ("regularizer", "regularizer_weight", "rollout_weight")
+JEPA_LOSS_SETTINGS = (
+    "regularizer", "regularizer_weight", "rollout_weight", "reconstruction_weight",
+)  # fmt: skip
 
 
 def save_config(config: SwmConfig, directory: Path) -> Path:

@@ -5,7 +5,7 @@ import torch
 
 from swmcli.config import ModelConfig
 from swmcli.errors import UsageError
-from swmcli.models.encoder import cnn_stages
+from swmcli.models.encoder import CNNDecoder, cnn_stages
 from swmcli.models.interface import Objective
 from swmcli.models.losses import effective_rank, sigreg, vicreg
 from swmcli.models.rollout import rollout
@@ -129,6 +129,50 @@ def test_multi_step_loss_adds_the_rolled_out_error_and_trains_through_it():
     assert parts["rollout"].item() != pytest.approx(parts["prediction"].item())
     total.backward()
     assert model.predictor.out.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("resolution", [32, 64, 96, 224])
+def test_the_decoder_draws_frames_of_the_encoders_resolution(resolution):
+    decoder = CNNDecoder(resolution, latent_dim=20, width=4)
+    assert decoder(torch.randn(2, 20)).shape == (2, 3, resolution, resolution)
+
+
+def test_reconstruction_adds_the_drawing_error_and_teaches_the_encoder_to_draw():
+    cfg = TINY.model_copy(update={"reconstruction_weight": 2.0})
+    model, batch = _model(cfg), _batch()
+    objective = Objective(model, cfg)
+    torch.manual_seed(2)
+    parts = objective(batch)
+    torch.manual_seed(2)  # the same SIGReg directions
+    without = Objective(model, TINY)(batch)
+    expected = without["loss"].item() + 2.0 * parts["reconstruction"].item()
+    assert parts["loss"].item() == pytest.approx(expected, rel=1e-5)
+    assert "reconstruction" not in without
+    parts["loss"].backward()
+    assert model.encoder.features[0].weight.grad.abs().sum() > 0
+    # A real fit: frames with something to draw (a square, placed differently in each clip)
+    # are drawn better after a few steps.
+    batch["pixels"].zero_()
+    for clip in range(len(batch["pixels"])):
+        batch["pixels"][clip, :, 4 * clip : 4 * clip + 8, 20 - 3 * clip : 28 - 3 * clip] = 255
+    first = objective(batch)["reconstruction"].item()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(30):
+        optimizer.zero_grad()
+        terms = objective(batch)
+        terms["loss"].backward()
+        optimizer.step()
+    assert terms["reconstruction"].item() < 0.5 * first
+
+
+def test_reconstruction_is_refused_where_nothing_can_draw():
+    vit = TINY.model_copy(
+        update={"encoder": "vit", "vit_patch": 8, "vit_dim": 32, "vit_depth": 1, "vit_heads": 2}
+    )
+    with pytest.raises(UsageError, match="CNN encoder's mirror"):
+        _model(vit.model_copy(update={"reconstruction_weight": 1.0}))
+    with pytest.raises(UsageError, match="no reconstruction_error"):
+        Objective(torch.nn.Linear(2, 2), TINY.model_copy(update={"reconstruction_weight": 1.0}))
 
 
 def test_a_full_disk_while_checkpointing_is_one_error_and_leaves_no_partial(tmp_path):

@@ -164,3 +164,16 @@ def test_the_misses_benchmark_splits_the_runs_own_successes_by_what_the_goal_ask
         count = int(alone.split("/")[1]) + int(move.split("/")[1])
         assert count == fields["episodes"] == 3
         assert wins == round(fields[rate] * count), (policy, rows)
+
+
+def test_the_block_probe_reads_the_state_back_from_latents_and_from_the_frames(pusht_run):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import block_probe
+
+    latent = block_probe.probe(pusht_run, every=1, sets=[])
+    frames = block_probe.probe(pusht_run, every=1, sets=[], frames=True)
+    assert list(latent) == list(frames) == ["agent position", "block position", "block angle"]
+    assert all(np.isfinite(three).all() and len(three) == 3 for three in latent.values())
+    # The mean guess is the same for both; the frames' nearest neighbours know where the block is.
+    assert [three[2] for three in latent.values()] == [three[2] for three in frames.values()]
+    assert frames["block position"][1] < frames["block position"][2]

@@ -75,6 +75,44 @@ class ViTEncoder(nn.Module):
         return self.norm(self.project(self.final_norm(tokens[:, 0])))
 
 
+class CNNDecoder(nn.Module):
+    """The CNN encoder mirrored: a latent -> a normalized frame ``(N, 3, H, W)``.
+
+    What ``model.reconstruction_weight`` trains the latent with: to draw the frame back, the
+    latent must hold everything in it, the pushed block's pose as much as the agent. Each stage
+    doubles the side with a stride-2 transposed convolution (the last one draws the 3 colours
+    directly: no full-resolution stage, the costliest).
+    """
+
+    def __init__(self, resolution: int, latent_dim: int, width: int):
+        super().__init__()
+        stages = cnn_stages(resolution)
+        self.resolution = resolution
+        self.side = resolution
+        for _ in range(stages):
+            self.side = (self.side + 1) // 2
+        self.channels = width * 2 ** min(stages - 1, 3)
+        self.project = nn.Linear(latent_dim, self.channels * self.side * self.side)
+        layers: list[nn.Module] = []
+        channels_in = self.channels
+        for stage in reversed(range(1, stages)):
+            channels_out = width * 2 ** min(stage - 1, 3)
+            layers += [
+                nn.ConvTranspose2d(channels_in, channels_out, 4, stride=2, padding=1),
+                nn.GroupNorm(_groups(channels_out), channels_out),
+                nn.GELU(),
+            ]
+            channels_in = channels_out
+        layers.append(nn.ConvTranspose2d(channels_in, 3, 4, stride=2, padding=1))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents ``(N, latent_dim)`` -> frames ``(N, 3, H, W)``, cropped to the resolution
+        where the encoder's halvings rounded up."""
+        grid = self.project(latents).reshape(-1, self.channels, self.side, self.side)
+        return self.layers(grid)[..., : self.resolution, : self.resolution]
+
+
 def _groups(channels: int) -> int:
     # GroupNorm rather than BatchNorm inside the CNN: statistics per frame, so a planner's
     # batch of one goal image encodes the same as it would inside a training batch.

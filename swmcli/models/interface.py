@@ -154,7 +154,16 @@ class Objective(nn.Module):
             "regularizer": model_cfg.regularizer,
             "weight": model_cfg.regularizer_weight,
             "rollout_weight": model_cfg.rollout_weight,
+            "reconstruction_weight": model_cfg.reconstruction_weight,
         }
+        drawing = model_cfg.reconstruction_weight > 0 and getattr(model, "loss", None) is None
+        if drawing and not callable(getattr(model, "reconstruction_error", None)):
+            raise UsageError(
+                "model.reconstruction_weight trains a decoder that swm's own model has, and "
+                f"{type(model).__name__} has no reconstruction_error(latents, pixels)",
+                hint="drop model.reconstruction_weight, or give your model a loss of its own "
+                "that draws frames back (docs/bring-your-model.md)",
+            )
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The loss terms of a device batch; ``loss`` is the one minimized."""

@@ -79,16 +79,23 @@ def effective_rank(latents: torch.Tensor) -> torch.Tensor:
 
 
 def jepa_loss(
-    model, batch: dict[str, torch.Tensor], regularizer: str, weight: float, rollout_weight: float
+    model,
+    batch: dict[str, torch.Tensor],
+    regularizer: str,
+    weight: float,
+    rollout_weight: float,
+    reconstruction_weight: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """swm's training loss for any protocol model: MSE to the next latents + weight * regularizer.
 
     With ``rollout_weight`` > 0, plus that weight times the MSE of the predictor rolled out
     from the clip's first latent on its own predictions (the multi-step loss: planning
-    imagines several blocks ahead, and teacher forcing alone never trains that).
+    imagines several blocks ahead, and teacher forcing alone never trains that). With
+    ``reconstruction_weight`` > 0, plus that weight times the error of the frames drawn back
+    from their latents (swm's model's decoder).
     Returns ``loss`` (minimized) and its parts (detached) for logging: ``prediction``,
-    ``regularizer``, ``rollout`` (when used) and ``latent_rank`` (effective rank of the batch's
-    latents; near 1 = collapse).
+    ``regularizer``, ``rollout`` and ``reconstruction`` (when used), and ``latent_rank``
+    (effective rank of the batch's latents; near 1 = collapse).
     """
     latents = encode_observation(model, batch)
     actions = batch["action"][:, :-1].float()
@@ -108,4 +115,8 @@ def jepa_loss(
         multi_step = prediction_loss(imagined, latents[:, 1:])
         total = total + rollout_weight * multi_step
         terms["rollout"] = multi_step.detach()
+    if reconstruction_weight > 0:
+        drawn = model.reconstruction_error(latents, batch["pixels"])
+        total = total + reconstruction_weight * drawn
+        terms["reconstruction"] = drawn.detach()
     return {"loss": total, **terms}

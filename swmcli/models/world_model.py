@@ -13,13 +13,17 @@ its values standardized by the statistics of the data (a BatchNorm without affin
 nothing to learn, nothing to collapse; stable-worldmodel standardizes it alike) and appended to
 the frame's latent, so the predictor predicts it too and the planner's cost sees it
 (``proprio_dims``, its trailing part, weighted by ``eval.proprio_weight``).
+
+With ``model.reconstruction_weight``, a decoder (the encoder mirrored) draws each frame back from
+its latent during training, so the latent must hold all the frame shows (Push-T's block as well
+as the agent); planning never decodes.
 """
 
 import torch
 from torch import nn
 
 from swmcli.errors import UsageError
-from swmcli.models.encoder import CNNEncoder, ViTEncoder
+from swmcli.models.encoder import CNNDecoder, CNNEncoder, ViTEncoder
 from swmcli.models.global_batch import GlobalBatchNorm1d
 from swmcli.models.predictor import Predictor
 
@@ -38,13 +42,21 @@ class WorldModel(nn.Module):
     (``protocol.py``); trained with swm's JEPA loss (``losses.jepa_loss``), like any model
     without a ``loss`` of its own."""
 
-    def __init__(self, encoder: nn.Module, predictor: Predictor, proprio_dims: int = 0):
+    def __init__(
+        self,
+        encoder: nn.Module,
+        predictor: Predictor,
+        proprio_dims: int = 0,
+        decoder: nn.Module | None = None,
+    ):
         super().__init__()
         self.encoder = encoder
         self.predictor = predictor
         self.proprio_dims = proprio_dims
         if proprio_dims:
             self.proprio_norm = GlobalBatchNorm1d(proprio_dims, affine=False)
+        if decoder is not None:
+            self.decoder = decoder
 
     def encode(self, pixels: torch.Tensor, proprio: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 pixels ``(B, T, H, W, 3)`` (or ``(B, H, W, 3)``) -> latents ``(B, T, D)``; with
@@ -65,6 +77,14 @@ class WorldModel(nn.Module):
     def predict(self, latents: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Next latents ``(B, T, D)`` from latents and action blocks ``(B, T, A)``."""
         return self.predictor(latents, torch.nan_to_num(actions, nan=0.0))
+
+    def reconstruction_error(self, latents: torch.Tensor, pixels: torch.Tensor) -> torch.Tensor:
+        """MSE between the frames the decoder draws from the clips' last latents (``latents``
+        ``(B, T, D)``, the agent's state included, so the image part need not repeat it) and
+        their uint8 ``pixels`` ``(B, T, H, W, 3)``. One frame a clip: the encoder is the same for
+        every frame, and drawing costs several times encoding."""
+        drawn = self.decoder(latents[:, -1])
+        return nn.functional.mse_loss(drawn.float(), normalize_pixels(pixels[:, -1]))
 
     @property
     def context_len(self) -> int:
@@ -114,4 +134,13 @@ def build_world_model(
         model_cfg.predictor_heads,
         max_len=history_len - 1,
     )
-    return WorldModel(encoder, predictor, proprio_dim)
+    decoder = None
+    if model_cfg.reconstruction_weight > 0:
+        if model_cfg.encoder != "cnn":
+            raise UsageError(
+                "model.reconstruction_weight draws frames with the CNN encoder's mirror, and "
+                f"this model's encoder is {model_cfg.encoder}",
+                hint="use --set model.encoder=cnn, or drop model.reconstruction_weight",
+            )
+        decoder = CNNDecoder(resolution, model_cfg.latent_dim + proprio_dim, model_cfg.cnn_width)
+    return WorldModel(encoder, predictor, proprio_dim, decoder)
