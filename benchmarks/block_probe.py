@@ -50,6 +50,7 @@ def probe(run: Path, every: int, sets: list[str], frames: bool = False) -> dict[
     keys = ["pixels", "proprio"] if cfg.model.proprio else ["pixels"]
     reader = open_reader(cfg.data.path)
     training, heldout = heldout_split(reader.num_episodes, cfg.eval.heldout_episodes)
+    read = _pooled if frames else _image_latent
     parts = {}
     with runner.inference(model):
         for name, episodes in (("fit", training), ("test", heldout)):
@@ -59,7 +60,6 @@ def probe(run: Path, every: int, sets: list[str], frames: bool = False) -> dict[
                 picked = {key: rows[key][::every] for key in [*keys, "state"]}
                 for start in range(0, len(picked["state"]), CHUNK):
                     chunk = {key: picked[key][start : start + CHUNK] for key in keys}
-                    read = _pooled if frames else _image_latent
                     features.append(read(model, runner.to_device(chunk)).float().cpu().numpy())
                 states.append(picked["state"])
             parts[name] = (np.concatenate(features), _targets(np.concatenate(states)))
