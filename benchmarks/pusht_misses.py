@@ -25,11 +25,14 @@ from swmcli.envs import pusht
 
 restore, reached = pusht.restore, pusht.reached  # gym-pusht's own, wrapped below
 episodes: list[list[tuple]] = []  # per env step: pusht.goal_distances and success
+kinds: list[str] = []  # per episode: what its goal asks (pusht.goal_asks)
 
 
 def _restore(env, state, goal_state, seed):
     observation = restore(env, state, goal_state, seed)
-    episodes.append([(*pusht.goal_distances(env.unwrapped.get_obs(), goal_state), False)])
+    start = env.unwrapped.get_obs()
+    episodes.append([(*pusht.goal_distances(start, goal_state), False)])
+    kinds.append(pusht.goal_asks(start, goal_state))
     return observation
 
 
@@ -39,18 +42,13 @@ def _reached(env, terminated, info, goal_state):
     return hit
 
 
-def summary(played: list[np.ndarray]) -> dict:
+def summary(played: list[np.ndarray], kinds: list[str]) -> dict:
     """Successes by kind of goal, and the block's closest approach in the misses."""
     rows = {"agent alone": [0, 0], "block must move": [0, 0]}
     closest = []
-    for steps in played:
-        _, block, angle, hits = steps.T
+    for steps, kind in zip(played, kinds, strict=True):
+        _, block, _, hits = steps.T
         success = bool(hits.any())
-        kind = (
-            "agent alone"
-            if block[0] < pusht.SUCCESS_DISTANCE and angle[0] < pusht.SUCCESS_ANGLE
-            else "block must move"
-        )
         rows[kind][0] += success
         rows[kind][1] += 1
         if not success and kind == "block must move":
@@ -75,8 +73,8 @@ def main() -> None:
     columns = ("policy", "goal", "successes", "block at start (median px)", "closest (median px)")
     for column in columns:
         table.add_column(column)
-    for policy, part in (("planner", played[:half]), ("random actions", played[half:])):
-        result = summary(part)
+    for policy, part in (("planner", slice(None, half)), ("random actions", slice(half, None))):
+        result = summary(played[part], kinds[part])
         for kind, (wins, count) in result["rows"].items():
             misses = result["closest"] if kind == "block must move" else np.zeros((0, 2))
             medians = [f"{np.median(misses[:, i]):.0f}" if len(misses) else "-" for i in (0, 1)]

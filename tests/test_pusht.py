@@ -21,6 +21,7 @@ import pusht_tiny
 from swmcli.commands.evaluate import _goal_episodes, load_model, run_eval
 from swmcli.config import resolve_config
 from swmcli.data.formats import open_reader
+from swmcli.envs import pusht
 from swmcli.envs.make import make_env
 from swmcli.envs.plugins import restore_recorded
 from swmcli.envs.policies import make_policy
@@ -177,3 +178,38 @@ def test_the_block_probe_reads_the_state_back_from_latents_and_from_the_frames(p
     # The mean guess is the same for both; the frames' nearest neighbours know where the block is.
     assert [three[2] for three in latent.values()] == [three[2] for three in frames.values()]
     assert frames["block position"][1] < frames["block position"][2]
+
+
+def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protocol(pusht_run):
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import pusht_oracle
+
+    cfg = _cfg(pusht_run)
+    episode = _goal_episodes(cfg)[0]
+    env = make_env(cfg.env.id, 32, 50, seed=0, kwargs=cfg.env.kwargs)
+    env, _ = restore_recorded(env, episode.state, episode.goal_state, seed=0)
+    physics = env.unwrapped
+    assert pusht_oracle.criterion_cost(episode.goal_state, episode.goal_state) == 0
+    # Aim through the block, from a moving start: contacts and velocities must both carry over.
+    block = np.array(physics.block.position) / (pusht.ARENA / 2) - 1
+    rng = np.random.default_rng(0)
+    actions = (block + rng.normal(0, 0.05, (10, 2))).clip(-1, 1).astype(np.float32)
+    env.step(-actions[0])
+    saved, start = pusht_oracle.physics_state(physics), physics.get_obs().copy()
+    simulated = pusht_oracle.simulate(physics, (actions + 1) * pusht.ARENA / 2, frameskip=5)
+    assert len(simulated) == 2
+    pusht_oracle.set_physics_state(physics, saved)
+    for action in actions:
+        observation, *_ = env.step(action)
+    np.testing.assert_allclose(simulated[-1], observation["state"], atol=1e-2)
+    assert np.linalg.norm(observation["state"][2:4] - start[2:4]) > 1  # the block was pushed
+    env.close()
+
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "pusht_oracle.py"), str(pusht_run),
+         "--samples", "6", "--iterations", "2"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "│ all " in done.stdout and "/3 = " in done.stdout and "6 x 2" in done.stdout

@@ -84,6 +84,14 @@ def goal_distances(state: np.ndarray, goal_state: np.ndarray) -> tuple[float, fl
     )
 
 
+def goal_asks(state: np.ndarray, goal_state: np.ndarray) -> str:
+    """What a goal asks from ``state``: "agent alone" (the block already within the success
+    distance and angle of its goal pose) or "block must move"."""
+    _, block, angle = goal_distances(state, goal_state)
+    at_goal = block < SUCCESS_DISTANCE and angle < SUCCESS_ANGLE
+    return "agent alone" if at_goal else "block must move"
+
+
 def block_centre(state: np.ndarray) -> np.ndarray:
     """The T's centre of gravity in the arena, from its body origin and angle."""
     x, y, angle = float(state[2]), float(state[3]), float(state[4])
