@@ -197,7 +197,8 @@ def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protoco
     actions = (block + rng.normal(0, 0.05, (10, 2))).clip(-1, 1).astype(np.float32)
     env.step(-actions[0])
     saved, start = pusht_oracle.physics_state(physics), physics.get_obs().copy()
-    simulated = pusht_oracle.simulate(physics, (actions + 1) * pusht.ARENA / 2, frameskip=5)
+    targets = (actions + 1) * pusht.ARENA / 2
+    simulated = pusht_oracle.simulate(physics, targets, 5, pusht_oracle.state_of, every_block=True)
     assert len(simulated) == 2
     pusht_oracle.set_physics_state(physics, saved)
     for action in actions:
@@ -206,10 +207,12 @@ def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protoco
     assert np.linalg.norm(observation["state"][2:4] - start[2:4]) > 1  # the block was pushed
     env.close()
 
-    done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "pusht_oracle.py"), str(pusht_run),
-         "--samples", "6", "--iterations", "2"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "│ all " in done.stdout and "/3 = " in done.stdout and "6 x 2" in done.stdout
+    for score in ("criterion", "latent"):  # the tiny run's cost: its model, the state in it
+        done = subprocess.run(
+            [sys.executable, str(root / "benchmarks" / "pusht_oracle.py"), str(pusht_run),
+             "--samples", "6", "--iterations", "2", "--score", score],
+            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)},
+            timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert f"│ {score}" in done.stdout and "│ all " in done.stdout and "/3 = " in done.stdout
