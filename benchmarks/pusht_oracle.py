@@ -196,6 +196,11 @@ def main() -> None:
     args = parser.parse_args()
     sets = [*args.overrides, f"eval.samples={args.samples}", f"eval.iterations={args.iterations}"]
     cfg = load_run_config(args.run, sets=sets)  # as `swm eval RUN --set` resolves it
+    if not cfg.env.id.startswith("gym_pusht:"):
+        raise SystemExit(
+            f"error: {args.run} plays {cfg.env.id}; the oracle simulates gym-pusht's physics only\n"
+            "hint: pass a run trained with --preset pusht-64 (pip install 'swmcli[pusht]')"
+        )
     settings = planners.planner_settings(cfg.eval, ACTION_DIM)
     score = Criterion() if args.score == "criterion" else RunLatent(args.run, cfg)
     planners.plan_costs = partial(physics_costs, score=score)  # cem's candidates, simulated

@@ -216,3 +216,10 @@ def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protoco
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         assert f"│ {score}" in done.stdout and "│ all " in done.stdout and "/3 = " in done.stdout
+    other_env = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "pusht_oracle.py"), str(pusht_run),
+         "--set", "env.id=swm/TwoRoom-v0"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+    assert other_env.returncode != 0 and "Traceback" not in other_env.stderr
+    assert "gym-pusht's physics only" in other_env.stderr and "hint:" in other_env.stderr
