@@ -346,6 +346,19 @@ class TrainConfig(Section):
         "(--optimizer-in-backward needs 0)",
     )
     seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of init, sampling and shuffling")
+    init_from: Path | None = Field(
+        None,
+        description="start from another run's trained weights: every weight of its checkpoint "
+        "whose name and shape match this model's (the rest starts fresh); a resume ignores it",
+        json_schema_extra=flag(metavar="RUN_DIR"),
+    )
+    freeze: str | None = Field(
+        None,
+        description="parts of the model that training leaves as they are: module names, "
+        "comma-separated (swm's model: encoder, proprio_norm, predictor, decoder); they get no "
+        "gradient and run in eval mode",
+        json_schema_extra=flag(metavar="MODULES"),
+    )
     out: Path = Field(Path("runs/tworoom"), description="run directory")
     checkpoint_every: PositiveInt = Field(100, description="steps between atomic checkpoints")
     log_every: PositiveInt = Field(10, description="steps between metrics lines")

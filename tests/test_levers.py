@@ -196,3 +196,13 @@ def test_gradient_accumulation_all_reduces_only_the_last_micro_batch(tmp_path):
         assert len(reduced) == 1
     finally:
         dist.destroy_process_group()
+
+
+def test_a_frozen_encoder_lowers_the_predicted_optimizer_state_and_peak():
+    frames = {"pixels": np.zeros((32, 32, 3), np.uint8), "action": np.zeros(2)}
+    base = Variant("train", False, 16, 3, 1)
+    plain = PeakPredictor(resolve_config("tiny"), frames).predict(base)
+    frozen_cfg = resolve_config("tiny", flags={"train.freeze": "encoder"})
+    frozen = PeakPredictor(frozen_cfg, frames).predict(base)
+    assert frozen.by_category["optimizer_state"] < plain.by_category["optimizer_state"]
+    assert frozen.peak_bytes < plain.peak_bytes

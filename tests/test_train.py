@@ -393,3 +393,30 @@ def test_nan_actions_inside_episodes_are_said_once(tiny_data, tmp_path, capsys):
     assert len(said) == 1 and "reads them as 0" in said[0]
     assert capsys.readouterr().err.count("NaN actions inside episodes") == 1
     assert np.isfinite(result.fields["final_loss"])
+
+
+def test_init_from_a_run_and_a_frozen_encoder_train_only_the_predictor(tiny_data, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    run_train(_cfg(tiny_data, first, **{"train.steps": 20}), MemoryMonitor())
+    # A longer history: the predictor's position table changes shape and starts fresh.
+    flags = {"train.init_from": first, "train.freeze": "encoder", "data.history_len": 4}
+    run_train(_cfg(tiny_data, second, **{"train.steps": 20, **flags}), MemoryMonitor())
+    before, after = load_checkpoint(first)["model"], load_checkpoint(second)["model"]
+    encoder = [name for name in before if name.startswith("encoder.")]
+    # Weights and the BatchNorm's running statistics alike: eval mode, no gradient.
+    assert encoder and all(torch.equal(before[name], after[name]) for name in encoder)
+    assert not torch.equal(before["predictor.out.weight"], after["predictor.out.weight"])
+    assert after["predictor.position"].shape != before["predictor.position"].shape
+    assert load_checkpoint(second)["optimizer"]["state"]  # the predictor's AdamW state
+
+
+def test_freeze_and_init_from_refuse_what_they_cannot_do(tiny_data, tmp_path):
+    with pytest.raises(UsageError, match="does not have") as error:
+        run_train(_cfg(tiny_data, tmp_path / "a", **{"train.freeze": "encodr"}), MemoryMonitor())
+    assert "encoder" in error.value.hint and "predictor" in error.value.hint
+    everything = {"train.freeze": "encoder,predictor"}
+    with pytest.raises(UsageError, match="nothing of the model to train"):
+        run_train(_cfg(tiny_data, tmp_path / "b", **everything), MemoryMonitor())
+    with pytest.raises(UsageError, match="not a run directory"):
+        missing = {"train.init_from": tmp_path / "nowhere"}
+        run_train(_cfg(tiny_data, tmp_path / "c", **missing), MemoryMonitor())

@@ -33,7 +33,7 @@ SETTINGS = {
         "online.updates_per_step", "online.warmup_steps", "online.max_steps", "online.record",
         "runtime.nproc", "train.loggers", "data.skip_damaged", "model.factory",
         "runtime.activation_checkpointing", "runtime.optimizer_in_backward", "runtime.shard",
-        "train.grad_clip",
+        "train.grad_clip", "train.init_from", "train.freeze",
     ),
     "eval": (
         "eval.protocol", "eval.episodes", "eval.goal_offset", "eval.step_budget", "eval.planner",
@@ -45,7 +45,7 @@ SETTINGS = {
         "collect.max_steps", "runtime.bf16", "memprofile.budget", "memprofile.ram_budget",
         "runtime.nproc", "model.factory", "runtime.activation_checkpointing",
         "runtime.optimizer_in_backward", "runtime.shard", "train.grad_clip",
-        "memprofile.picture", "memprofile.predict_for",
+        "train.freeze", "memprofile.picture", "memprofile.predict_for",
     ),
 }  # fmt: skip
 # Flags of renamed settings, still accepted (hidden): they set the old key, read through

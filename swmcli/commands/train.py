@@ -242,6 +242,9 @@ def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
             )
         if state:
             checkpoints.restore_model(model, state, checkpoints.checkpoint_path(run_dir))
+        elif cfg.train.init_from:
+            fresh = checkpoints.init_from_run(model, cfg.train.init_from)
+            info(f"weights from {cfg.train.init_from}; {_fresh_note(fresh)}")
         runner.prepare(model)
         objective = Objective(model, cfg.model)
         sharded = cfg.runtime.shard
@@ -262,6 +265,14 @@ def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
     model.train()
     return _Run(cfg, run_dir, world, runner, data, model, net, optimizer, args, needed, start,
                 batches, fingerprint)  # fmt: skip
+
+
+def _fresh_note(fresh: list[str]) -> str:
+    """Which of the model's weights ``--init-from`` left fresh, by part (for the log)."""
+    if not fresh:
+        return "every weight loaded"
+    parts = dict.fromkeys(name.split(".")[0] for name in fresh)
+    return f"{len(fresh)} weight(s) start fresh, in: {', '.join(parts)}"
 
 
 def _result(run: _Run, monitor, last: dict, steady, steady_seconds: float, resume: bool):

@@ -21,6 +21,9 @@
   losses as one process on the global batch; costs an all-gather per block in forward and in
   backward and a reduce-scatter of its gradients. Checkpoints hold the full (unsharded) state.
 
+A frozen part (``train.freeze``) saves memory too: its weights get no gradient and no AdamW
+state, and autograd keeps no activation for it when nothing before it is trained.
+
 ``apply_levers`` switches them on for a model; ``make_optimizer`` gives the optimizer the step
 uses; ``gradient_sync`` lets data-parallel gradient accumulation all-reduce only the last
 micro-batch (DDP's ``no_sync``, FSDP's ``set_requires_gradient_sync``).
@@ -154,6 +157,32 @@ def make_optimizer(model: nn.Module, train_cfg, in_backward: bool = False):
     return InBackwardOptimizer(model, adamw) if in_backward else adamw(model.parameters())
 
 
+def freeze_parts(model: nn.Module, names: str) -> None:
+    """Leave the modules ``names`` (their names in ``model``, comma-separated: ``encoder``,
+    ``proprio_norm``) as they are through training: no gradient for their weights, and eval
+    mode on every call whatever the model's mode (a BatchNorm's statistics stay as loaded)."""
+    parts = dict(model.named_modules())
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    if missing := [name for name in wanted if name not in parts]:
+        children = ", ".join(name for name, _ in model.named_children())
+        raise UsageError(
+            f"train.freeze names {', '.join(missing)}, which this model does not have",
+            hint=f"its parts: {children}",
+        )
+    for name in wanted:
+        parts[name].requires_grad_(False)
+        parts[name].register_forward_pre_hook(_run_in_eval_mode)
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        raise UsageError(
+            f"train.freeze={names} leaves nothing of the model to train",
+            hint="freeze fewer parts (e.g. --freeze encoder)",
+        )
+
+
+def _run_in_eval_mode(module: nn.Module, _inputs) -> None:
+    module.eval()
+
+
 def apply_levers(model: nn.Module, runtime_cfg) -> nn.Module:
     """``model`` with the levers ``runtime_cfg`` switches on (in place; returned for chaining)."""
     if runtime_cfg.activation_checkpointing:
@@ -239,4 +268,7 @@ def build_model(cfg: SwmConfig, metadata: dict[str, Any]):
 
     check_lever_combination(cfg)
     torch.manual_seed(cfg.train.seed)
-    return apply_levers(build_world_model(cfg.model, model_args(cfg, metadata)), cfg.runtime)
+    model = build_world_model(cfg.model, model_args(cfg, metadata))
+    if cfg.train.freeze:
+        freeze_parts(model, cfg.train.freeze)
+    return apply_levers(model, cfg.runtime)

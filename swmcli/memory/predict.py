@@ -26,6 +26,7 @@ from swmcli.memory.levers import (
     InBackwardOptimizer,
     blocks,
     checkpoint_activations,
+    freeze_parts,
     make_optimizer,
 )
 from swmcli.memory.trace import (
@@ -335,6 +336,8 @@ class PeakPredictor:
                     "history_len": history_len,
                 }
                 model = build_model(self.cfg.model, shape)
+                if self.cfg.train.freeze:
+                    freeze_parts(model, self.cfg.train.freeze)
             self._models[key] = model
         return self._models[key]
 

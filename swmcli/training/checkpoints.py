@@ -294,6 +294,31 @@ def restore_model(model, state: dict[str, Any], path_for_errors: Path) -> None:
         ) from err
 
 
+def init_from_run(model, run_dir: Path) -> list[str]:
+    """Load into ``model`` every weight of ``run_dir``'s verified checkpoint whose name and shape
+    match (``train.init_from``); returns the names of the model's weights left as initialized.
+    A checkpoint that gives the model nothing is a UsageError."""
+    if not Path(run_dir).is_dir():
+        raise UsageError(
+            f"train.init_from: {run_dir} is not a run directory",
+            hint="pass the directory of a trained run (it holds checkpoint.pt)",
+        )
+    saved = load_checkpoint(Path(run_dir))["model"]
+    own = model.state_dict()
+    matching = {
+        name: tensor
+        for name, tensor in saved.items()
+        if name in own and own[name].shape == tensor.shape
+    }
+    if not matching:
+        raise UsageError(
+            f"train.init_from: no weight of {run_dir} fits this model (names or shapes differ)",
+            hint="start from a run of the same architecture, or drop --init-from",
+        )
+    model.load_state_dict(matching, strict=False)
+    return sorted(set(own) - set(matching))
+
+
 def restore_rng(state: dict[str, Any]) -> None:
     """Put torch's generators back where the checkpoint left them."""
     import torch
