@@ -206,3 +206,13 @@ def test_a_frozen_encoder_lowers_the_predicted_optimizer_state_and_peak():
     frozen = PeakPredictor(frozen_cfg, frames).predict(base)
     assert frozen.by_category["optimizer_state"] < plain.by_category["optimizer_state"]
     assert frozen.peak_bytes < plain.peak_bytes
+
+
+def test_a_frozen_agent_state_norm_is_predicted_without_it():
+    # The traced model leaves the agent's state out; swm train checks the name on its own model.
+    flags = {"model.proprio": True, "train.freeze": "encoder,proprio_norm"}
+    frames = {"pixels": np.zeros((32, 32, 3), np.uint8), "action": np.zeros(2)}
+    peak = PeakPredictor(resolve_config("tiny", flags=flags), frames).predict(
+        Variant("train", False, 16, 3, 1)
+    )
+    assert peak.by_category["optimizer_state"] > 0  # the predictor still trains

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("gym_pusht", reason="Push-T needs the [pusht] extra: pip install gym-pusht")
 
@@ -223,3 +224,16 @@ def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protoco
     )  # fmt: skip
     assert other_env.returncode != 0 and "Traceback" not in other_env.stderr
     assert "gym-pusht's physics only" in other_env.stderr and "hint:" in other_env.stderr
+
+
+def test_a_predictor_trains_on_the_runs_frozen_encoder_and_agent_state_norm(pusht_run, tmp_path):
+    from swmcli.commands.train import run_train
+    from swmcli.training.checkpoints import load_checkpoint
+
+    flags = {**TINY, "data.path": _cfg(pusht_run).data.path, "train.out": tmp_path / "run"}
+    flags |= {"train.init_from": pusht_run, "train.freeze": "encoder,proprio_norm"}
+    run_train(resolve_config("pusht-64", flags=flags), MemoryMonitor())
+    before, after = load_checkpoint(pusht_run)["model"], load_checkpoint(tmp_path / "run")["model"]
+    frozen = [name for name in before if name.startswith(("encoder.", "proprio_norm."))]
+    assert any(name.startswith("proprio_norm.") for name in frozen)
+    assert all(torch.equal(before[name], after[name]) for name in frozen)

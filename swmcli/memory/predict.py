@@ -337,7 +337,12 @@ class PeakPredictor:
                 }
                 model = build_model(self.cfg.model, shape)
                 if self.cfg.train.freeze:
-                    freeze_parts(model, self.cfg.train.freeze)
+                    # The traced model leaves the agent's state out (its norm holds no weight,
+                    # and swm train checks every name on the model it builds): freeze the rest.
+                    parts = dict(model.named_modules())
+                    wanted = [n.strip() for n in self.cfg.train.freeze.split(",")]
+                    if present := [name for name in wanted if name in parts]:
+                        freeze_parts(model, ",".join(present))
             self._models[key] = model
         return self._models[key]
 
