@@ -42,6 +42,11 @@ from swmcli.models.interface import model_args
 BLOCKS = "blocks"
 
 
+def comma_names(text: str) -> list[str]:
+    """The names of a comma-separated setting (``"encoder, proprio_norm"``), blanks dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def blocks(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks of ``model``: every child of every ``nn.ModuleList``."""
     lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
@@ -56,7 +61,7 @@ def checkpointed_modules(model: nn.Module, choice: str) -> set[nn.Module]:
     if choice == BLOCKS:
         picked = set(blocks(model))
     else:
-        names = {name.strip() for name in choice.split(",") if name.strip()}
+        names = set(comma_names(choice))
         picked = {module for module in model.modules() if type(module).__name__ in names}
         present = {type(module).__name__ for module in model.modules()}
         if missing := sorted(names - present):
@@ -162,7 +167,7 @@ def freeze_parts(model: nn.Module, names: str) -> None:
     ``proprio_norm``) as they are through training: no gradient for their weights, and eval
     mode on every call whatever the model's mode (a BatchNorm's statistics stay as loaded)."""
     parts = dict(model.named_modules())
-    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    wanted = comma_names(names)
     if missing := [name for name in wanted if name not in parts]:
         children = ", ".join(name for name, _ in model.named_children())
         raise UsageError(

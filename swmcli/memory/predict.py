@@ -26,6 +26,7 @@ from swmcli.memory.levers import (
     InBackwardOptimizer,
     blocks,
     checkpoint_activations,
+    comma_names,
     freeze_parts,
     make_optimizer,
 )
@@ -340,7 +341,7 @@ class PeakPredictor:
                     # The traced model leaves the agent's state out (its norm holds no weight,
                     # and swm train checks every name on the model it builds): freeze the rest.
                     parts = dict(model.named_modules())
-                    wanted = [n.strip() for n in self.cfg.train.freeze.split(",")]
+                    wanted = comma_names(self.cfg.train.freeze)
                     if present := [name for name in wanted if name in parts]:
                         freeze_parts(model, ",".join(present))
             self._models[key] = model
