@@ -237,3 +237,19 @@ def test_a_predictor_trains_on_the_runs_frozen_encoder_and_agent_state_norm(push
     frozen = [name for name in before if name.startswith(("encoder.", "proprio_norm."))]
     assert any(name.startswith("proprio_norm.") for name in frozen)
     assert all(torch.equal(before[name], after[name]) for name in frozen)
+
+
+def test_the_noisy_data_benchmark_keeps_the_held_out_episodes_last(pusht_run, tmp_path):
+    root = Path(__file__).parents[1]
+    source, out = _cfg(pusht_run).data.path, tmp_path / "mixed.lance"
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "pusht_noisy_data.py"), str(source), str(out),
+         "--episodes", "1", "--heldout", "2"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = open_reader(source), open_reader(out)
+    assert after.num_episodes == before.num_episodes + 2
+    for old, new in [(0, 0), (before.num_episodes - 1, after.num_episodes - 1)]:
+        first, second = before.read_episode(old), after.read_episode(new)
+        assert all(np.array_equal(first[k], second[k], equal_nan=True) for k in first)
