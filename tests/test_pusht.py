@@ -253,3 +253,41 @@ def test_the_noisy_data_benchmark_keeps_the_held_out_episodes_last(pusht_run, tm
     for old, new in [(0, 0), (before.num_episodes - 1, after.num_episodes - 1)]:
         first, second = before.read_episode(old), after.read_episode(new)
         assert all(np.array_equal(first[k], second[k], equal_nan=True) for k in first)
+
+
+def test_the_planner_data_benchmark_records_the_planners_steps_from_training_starts(
+    pusht_run, tmp_path
+):
+    from swmcli.data.clips import heldout_split
+    from swmcli.planning.goals import dataset_episodes
+
+    root = Path(__file__).parents[1]
+    cfg, out = _cfg(pusht_run), tmp_path / "planner.lance"
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "pusht_planner_data.py"), str(pusht_run),
+         str(out), "--episodes", "2", "--seed", "7"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = open_reader(cfg.data.path), open_reader(out)
+    training, heldout = heldout_split(before.num_episodes, cfg.eval.heldout_episodes)
+    assert after.num_episodes == before.num_episodes + 2
+    last = before.read_episode(heldout[-1])
+    assert all(
+        np.array_equal(last[k], after.read_episode(after.num_episodes - 1)[k], equal_nan=True)
+        for k in last
+    )
+    settings = cfg.eval.model_copy(update={"episodes": 2, "seed": 7})
+    for index, start in zip(
+        range(len(training), len(training) + 2),
+        dataset_episodes(cfg.data.path, settings, among=training),
+        strict=True,
+    ):
+        assert start.source[0] in training, "the planner's starts are never held-out rows"
+        played = after.read_episode(index)
+        assert len(played["action"]) == TINY["eval.step_budget"] + 1, (
+            "the whole budget, past success"
+        )
+        np.testing.assert_allclose(played["state"][0], start.state, atol=1e-3)
+        assert np.isfinite(played["action"][:-1]).all() and np.isnan(played["action"][-1]).all()
+        assert not np.array_equal(played["state"][0], played["state"][-1]), "the planner moved"

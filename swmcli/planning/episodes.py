@@ -55,7 +55,7 @@ def _play(model, cfg: SwmConfig, runner, shape, episode):
     else:
         env, observation = restore_recorded(env, episode.state, episode.goal_state, episode.seed)
     kind = goal_kind(env)
-    act = _actor(model, cfg, runner, shape, env, episode)
+    act = planner_actor(model, cfg, runner, shape, env, episode)
     success, frames, seconds = _episode(env, observation, act, budget)
     env.close()
     return success, frames, kind, seconds
@@ -65,8 +65,9 @@ def _goal_image(episode, frames) -> np.ndarray:
     return episode.goal_pixels if episode.goal_pixels is not None else frames[0]
 
 
-def _actor(model, cfg: SwmConfig, runner, shape, env, episode):
-    """observation -> list of env actions: the planned blocks, or one random action."""
+def planner_actor(model, cfg: SwmConfig, runner, shape, env, episode):
+    """observation -> list of env actions: the planned blocks toward ``episode``'s goal, or one
+    random action when ``model`` is None."""
     if model is None:
         policy = make_policy("random", env, episode.seed)
         return lambda observation: [policy(observation)]

@@ -51,19 +51,21 @@ def goal_episodes(cfg) -> list[GoalEpisode]:
     return dataset_episodes(cfg.data.path, settings)
 
 
-def dataset_episodes(path, settings) -> list[GoalEpisode]:
-    """Start states and goal observations ``settings.goal_offset`` steps apart, held-out data
-    (the last ``settings.heldout_episodes``, split as training splits them)."""
+def dataset_episodes(path, settings, among: range | None = None) -> list[GoalEpisode]:
+    """Start states and goal observations ``settings.goal_offset`` steps apart, drawn from the
+    dataset episodes ``among``: by default the held-out ones (the last
+    ``settings.heldout_episodes``, split as training splits them)."""
     reader = open_reader(path)
     try:
-        _, heldout = heldout_split(reader.num_episodes, settings.heldout_episodes)
+        if among is None:
+            _, among = heldout_split(reader.num_episodes, settings.heldout_episodes)
         if "state" not in reader.keys:
             raise UsageError(
                 f"{path} records no 'state', which --protocol dataset sets the env to",
                 hint="collect from an env whose observation holds its state (swm/TwoRoom-v0, "
                 "gym-pusht), or use --protocol random-goal",
             )
-        starts = _draw_starts(reader.episode_lengths, heldout, settings)
+        starts = _draw_starts(reader.episode_lengths, among, settings)
         keys = ["state", "pixels"] + (["proprio"] if "proprio" in reader.keys else [])
         episodes = []
         for i, (episode, step) in enumerate(starts):
