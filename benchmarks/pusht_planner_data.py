@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import gymnasium as gym
@@ -52,16 +53,16 @@ class FromRecorded(gym.Wrapper):
         return observation, {}
 
 
-def planner_episodes(run: Path, cfg, starts) -> list[dict[str, np.ndarray]]:
-    """The planner of ``run`` played from each of ``starts`` (``GoalEpisode``s) for the budget."""
+def planner_episodes(run: Path, cfg, starts) -> Iterator[dict[str, np.ndarray]]:
+    """The planner of ``run`` played from each of ``starts`` (``GoalEpisode``s) for the budget,
+    one episode at a time (written as it ends, never all held in memory)."""
     runner = make_runner()
     model, state = load_model(run, cfg, runner)
     shape = state["model_args"]
     budget = eval_budget(cfg)
-    played = []
+    limit = max(cfg.env.max_episode_steps, budget)  # the env's own limit, as swm eval sets it
     with runner.inference(model), progress("planner episodes", total=len(starts)) as advance:
         for episode in starts:
-            limit = max(cfg.env.max_episode_steps, budget)
             env = make_env(cfg.env.id, shape["resolution"], limit, episode.seed, cfg.env.kwargs)
             act = planner_actor(model, cfg, runner, shape, env, episode)
             queued: list[np.ndarray] = []
@@ -74,9 +75,8 @@ def planner_episodes(run: Path, cfg, starts) -> list[dict[str, np.ndarray]]:
             restored = FromRecorded(env, episode)
             rows = list(episode_rows(restored, policy, shape["action_dim"], limit=budget + 1))
             env.close()
-            played.append({key: np.stack([row[key] for row in rows]) for key in rows[0]})
+            yield {key: np.stack([row[key] for row in rows]) for key in rows[0]}
             advance(1)
-    return played
 
 
 def main() -> None:
@@ -92,20 +92,19 @@ def main() -> None:
     source = open_reader(cfg.data.path)
     training, heldout = heldout_split(source.num_episodes, settings.heldout_episodes)
     starts = dataset_episodes(cfg.data.path, settings, among=training)
-    played = planner_episodes(args.run, cfg, starts)
     metadata = {**source.metadata, "policy": f"planner of {args.run.name}"}
     with tempfile.TemporaryDirectory(dir=args.out.parent) as scratch:
         staged = Path(scratch) / args.out.name  # written whole, then moved: no half dataset
         with open_writer(staged, mode="error", metadata=metadata) as writer:
             for index in training:
                 writer.write_episode(source.read_episode(index))
-            for episode in played:
+            for episode in planner_episodes(args.run, cfg, starts):
                 writer.write_episode(episode)
             for index in heldout:
                 writer.write_episode(source.read_episode(index))
         staged.rename(args.out)
     source.close()
-    print(f"{args.out}: {len(training)} + {len(played)} planner + {len(heldout)} held out episodes")
+    print(f"{args.out}: {len(training)} + {len(starts)} planner + {len(heldout)} held out episodes")
 
 
 if __name__ == "__main__":
