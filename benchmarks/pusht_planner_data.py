@@ -3,16 +3,17 @@ toward their recorded goals, every step recorded, the same held-out episodes las
 (docs/bring-your-env.md, "The planner's own plans as data").
 
     PYTHONPATH=. python benchmarks/pusht_planner_data.py RUN OUT [--episodes 200] [--seed 5000]
-        [--set KEY=VALUE ...]
+        [--repeat 1] [--set KEY=VALUE ...]
 
 Draws ``--episodes`` start rows and goals as ``swm eval``'s dataset protocol does, but from the
 training episodes of RUN's dataset, never the held-out ones; plays RUN's planner (its settings,
 or the ``--set`` given, as ``swm eval RUN --set`` resolves them) for the protocol's whole budget
 (past a success, so every episode has the same length), recording each step as ``swm collect``
 does. Then writes OUT: the dataset's training episodes, the planner's episodes, then its held-out
-episodes, so a run trained on OUT is evaluated on the very start rows and goals of runs trained
-on the dataset. What the model predicts worst is where the search goes (``plan_or_model.py
---play``); these episodes are the search's own choices, run in the env. Needs gym-pusht.
+episodes (each planner episode ``--repeat`` times, to weigh it more in the clips a run draws), so
+a run trained on OUT is evaluated on the very start rows and goals of runs trained on the
+dataset. What the model predicts worst is where the search goes (``plan_or_model.py --play``);
+these episodes are the search's own choices, run in the env. Needs gym-pusht.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class FromRecorded(gym.Wrapper):
 def planner_episodes(run: Path, cfg, starts) -> Iterator[dict[str, np.ndarray]]:
     """The planner of ``run`` played from each of ``starts`` (``GoalEpisode``s) for the budget,
     one episode at a time (written as it ends, never all held in memory)."""
-    runner = make_runner()
+    runner = make_runner(cpu_threads=cfg.runtime.cpu_threads)  # as swm eval: beside other jobs
     model, state = load_model(run, cfg, runner)
     shape = state["model_args"]
     budget = eval_budget(cfg)
@@ -85,6 +86,7 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="the dataset to write (must not exist)")
     parser.add_argument("--episodes", type=int, default=200, help="planner episodes to record")
     parser.add_argument("--seed", type=int, default=5000, help="draws the start rows")
+    parser.add_argument("--repeat", type=int, default=1, help="copies of each planner episode")
     parser.add_argument("--set", action="append", default=[], dest="overrides")
     args = parser.parse_args()
     cfg = load_run_config(args.run, sets=args.overrides)
@@ -99,7 +101,8 @@ def main() -> None:
             for index in training:
                 writer.write_episode(source.read_episode(index))
             for episode in planner_episodes(args.run, cfg, starts):
-                writer.write_episode(episode)
+                for _ in range(args.repeat):
+                    writer.write_episode(episode)
             for index in heldout:
                 writer.write_episode(source.read_episode(index))
         staged.rename(args.out)

@@ -440,6 +440,11 @@ class EvalConfig(Section):
         description="latent distance to the goal at the last or every planned block",
     )
     replan_every: PositiveInt = Field(1, description="planned blocks executed before replanning")
+    shrink_horizon: bool = Field(
+        False,
+        description="each new plan keeps the previous plan's deadline (its horizon: the blocks "
+        "left of it, a full one once spent) instead of reaching horizon blocks further",
+    )
     proprio_weight: float = Field(
         1.0,
         ge=0,

@@ -24,7 +24,7 @@ from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.runner import make_runner
 from swmcli.models.world_model import build_world_model
 from swmcli.planning.episodes import run_episodes
-from swmcli.planning.planners import PlannerSettings, cem, plan_costs
+from swmcli.planning.planners import PlannerSettings, RecedingHorizon, cem, plan_costs
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +101,31 @@ def test_cem_beats_random_plans_under_the_model(tiny_run):
         assert plan.shape == (3, 2) and plan.abs().max() <= 1
         best = plan_costs(model, latent, goal, plan[None])
         assert best <= plan_costs(model, latent, goal, random_plans).median()
+
+
+@pytest.mark.parametrize(
+    ("shrink", "horizons"), [(False, [3, 3, 3, 3, 3]), (True, [3, 2, 1, 3, 2])]
+)
+def test_shrink_horizon_plans_toward_the_previous_plans_deadline(tiny_run, shrink, horizons):
+    cfg = resolve_config("tiny")
+    runner = make_runner()
+    model, state = load_model(tiny_run, cfg, runner)
+    shape = state["model_args"]
+    settings = PlannerSettings(
+        horizon=3, samples=16, iterations=2, elites=4, replan_every=1, shrink_horizon=shrink,
+        action_dim=shape["action_dim"],
+    )  # fmt: skip
+    block = shape["frameskip"] * shape["action_dim"]
+    planner = RecedingHorizon(model, "cem", settings, block, seed=0)
+    searched = []  # the horizon of each search: the length of its warm start
+    search = planner.plan_once
+    planner.plan_once = lambda *args: searched.append(len(args[3])) or search(*args)
+    pixels = torch.zeros(shape["resolution"], shape["resolution"], 3, dtype=torch.uint8)
+    with runner.inference(model):
+        planner.reset(pixels)
+        executed = [planner.act(pixels) for _ in horizons]
+    assert searched == horizons
+    assert all(blocks.shape == (1, block) and blocks.abs().max() <= 1 for blocks in executed)
 
 
 def test_proprio_weight_scales_only_the_agent_state_part_of_the_cost():

@@ -265,13 +265,13 @@ def test_the_planner_data_benchmark_records_the_planners_steps_from_training_sta
     cfg, out = _cfg(pusht_run), tmp_path / "planner.lance"
     done = subprocess.run(
         [sys.executable, str(root / "benchmarks" / "pusht_planner_data.py"), str(pusht_run),
-         str(out), "--episodes", "2", "--seed", "7"],
+         str(out), "--episodes", "2", "--seed", "7", "--repeat", "2"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     before, after = open_reader(cfg.data.path), open_reader(out)
     training, heldout = heldout_split(before.num_episodes, cfg.eval.heldout_episodes)
-    assert after.num_episodes == before.num_episodes + 2
+    assert after.num_episodes == before.num_episodes + 2 * 2  # each planner episode twice
     last = before.read_episode(heldout[-1])
     assert all(
         np.array_equal(last[k], after.read_episode(after.num_episodes - 1)[k], equal_nan=True)
@@ -279,12 +279,13 @@ def test_the_planner_data_benchmark_records_the_planners_steps_from_training_sta
     )
     settings = cfg.eval.model_copy(update={"episodes": 2, "seed": 7})
     for index, start in zip(
-        range(len(training), len(training) + 2),
+        range(len(training), len(training) + 2 * 2, 2),
         dataset_episodes(cfg.data.path, settings, among=training),
         strict=True,
     ):
         assert start.source[0] in training, "the planner's starts are never held-out rows"
-        played = after.read_episode(index)
+        played, copy = after.read_episode(index), after.read_episode(index + 1)
+        assert all(np.array_equal(played[k], copy[k], equal_nan=True) for k in played)
         assert len(played["action"]) == TINY["eval.step_budget"] + 1, (
             "the whole budget, past success"
         )

@@ -45,7 +45,7 @@ from swmcli.training.step import train_keys
 EVAL_DIR = "eval"
 OPEN_LOOP_BATCH = 256
 PLANNER_KEYS = ("horizon", "samples", "iterations", "elites", "keep_elites", "noise_beta")
-PLANNER_KEYS += ("cost", "replan_every")
+PLANNER_KEYS += ("cost", "replan_every", "shrink_horizon")
 
 
 def run_eval(run_dir: Path, monitor, cfg: SwmConfig | None = None) -> CommandResult:

@@ -13,7 +13,10 @@ CEM samples around its mean with white or iCEM's colored noise (``noise_beta`` >
 spectrum along time, smoother action sequences that travel further) and can carry its best
 ``keep_elites`` plans into the next iteration (iCEM's elite reuse). The caller executes the first
 ``replan_every`` blocks and plans again (receding horizon), warm-starting from the rest of the
-previous plan. Everything runs under the runner's inference mode.
+previous plan. With ``shrink_horizon`` each new plan keeps the previous one's deadline instead: its
+horizon is the blocks left of the previous plan, a full one once they are spent (shrinking-horizon
+MPC: the terminal cost then always aims at the same env step, and a plan made closer to it
+predicts fewer blocks). Everything runs under the runner's inference mode.
 """
 
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ class PlannerSettings:
     noise_beta: float = 0.0
     keep_elites: int = 0
     replan_every: int = 1
+    shrink_horizon: bool = False
     action_dim: int = 1
     proprio_weight: float = 1.0
 
@@ -136,6 +140,7 @@ def planner_settings(e, action_dim: int) -> PlannerSettings:
         noise_beta=e.noise_beta,
         keep_elites=e.keep_elites,
         replan_every=e.replan_every,
+        shrink_horizon=e.shrink_horizon,
         action_dim=action_dim,
         proprio_weight=e.proprio_weight,
     )
@@ -169,8 +174,14 @@ class RecedingHorizon:
             self.model, latent, self.goal, self.mean, self.settings, self.generator
         )
         executed = min(self.settings.replan_every, len(plan))
-        # Warm start: the rest of this plan, then zero blocks, seeds the next search.
-        self.mean = torch.cat([plan[executed:], torch.zeros_like(plan[:executed])])
+        rest = plan[executed:]
+        if self.settings.shrink_horizon:
+            # The same deadline: the rest of this plan is the next one's horizon and warm start.
+            full = torch.zeros(self.settings.horizon, self.block, device=plan.device)
+            self.mean = rest if len(rest) else full
+        else:
+            # Warm start: the rest of this plan, then zero blocks, seeds the next search.
+            self.mean = torch.cat([rest, torch.zeros_like(plan[:executed])])
         return plan[:executed]
 
     def _encode(self, pixels: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
