@@ -177,8 +177,7 @@ class RecedingHorizon:
         rest = plan[executed:]
         if self.settings.shrink_horizon:
             # The same deadline: the rest of this plan is the next one's horizon and warm start.
-            full = torch.zeros(self.settings.horizon, self.block, device=plan.device)
-            self.mean = rest if len(rest) else full
+            self.mean = rest if len(rest) else plan.new_zeros(self.settings.horizon, self.block)
         else:
             # Warm start: the rest of this plan, then zero blocks, seeds the next search.
             self.mean = torch.cat([rest, torch.zeros_like(plan[:executed])])
