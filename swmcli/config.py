@@ -17,6 +17,8 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    NonNegativeInt,
+    PositiveFloat,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -263,6 +265,23 @@ class ModelConfig(Section):
         description="feed the agent's own state (the data's proprio key: Push-T's position and "
         "velocity) to the model beside the pixels; the planner then counts it in its cost",
     )
+    state_weight: float = Field(
+        0.0,
+        ge=0,
+        description="weight of a supervised readout: the first values of each frame's latent "
+        "trained to equal the env's recorded state (the data's state key) in state_units, so "
+        "the planner's distance over them is the success criterion's; 0: off",
+    )
+    state_units: list[PositiveFloat] = Field(
+        [],
+        description="the unit of each value of the data's state in the latent (Push-T: the "
+        "success region, 20 px and pi/9 radians); empty: 1 for every value",
+    )
+    state_angles: list[NonNegativeInt] = Field(
+        [],
+        description="indices of the state's values that are angles in radians: each enters "
+        "the latent as its cosine and sine (a turn of 2 pi is no distance), over its unit",
+    )
 
     @model_validator(mode="after")
     def _heads_divide_widths(self) -> "ModelConfig":
@@ -278,6 +297,10 @@ class ModelConfig(Section):
                     vit[0] % vit[1] != 0,
                     f"vit_dim ({vit[0]}) must be a multiple of vit_heads "
                     f"({vit[1]}): each head takes an equal share",
+                ),
+                (
+                    len(set(self.state_angles)) != len(self.state_angles),
+                    f"state_angles {self.state_angles} names an index twice",
                 ),
             ]
         )

@@ -1,5 +1,7 @@
 """The JEPA world model: shapes, the loss and its regularizers, NaN actions, rollouts."""
 
+import math
+
 import pytest
 import torch
 
@@ -9,6 +11,7 @@ from swmcli.models.encoder import CNNDecoder, cnn_stages
 from swmcli.models.interface import Objective
 from swmcli.models.losses import effective_rank, sigreg, vicreg
 from swmcli.models.rollout import rollout
+from swmcli.models.state import StateFeatures
 from swmcli.models.world_model import build_world_model
 
 TINY = ModelConfig(
@@ -173,6 +176,61 @@ def test_reconstruction_is_refused_where_nothing_can_draw():
         _model(vit.model_copy(update={"reconstruction_weight": 1.0}))
     with pytest.raises(UsageError, match="no reconstruction_error"):
         Objective(torch.nn.Linear(2, 2), TINY.model_copy(update={"reconstruction_weight": 1.0}))
+
+
+def test_state_features_put_angles_on_the_circle_and_values_in_their_units():
+    features = StateFeatures(3, [20.0, 20.0, math.pi / 9], angles=[2])
+    state = torch.tensor([[40.0, -10.0, 0.0], [40.0, -10.0, 2 * math.pi], [0.0, 0.0, math.pi / 9]])
+    read = features(state)
+    assert features.size == 4
+    assert torch.allclose(read[0], torch.tensor([2.0, -0.5, 9 / math.pi, 0.0]), atol=1e-6)
+    assert torch.allclose(read[0], read[1], atol=1e-5)  # a full turn is no distance
+    # one unit of angle is a squared distance of about one, as one unit of position is
+    assert (read[2, 2:] - read[0, 2:]).pow(2).sum().item() == pytest.approx(1.0, rel=0.02)
+    with pytest.raises(UsageError, match="gives 2 units and the data's state has 3"):
+        StateFeatures(3, [1.0, 1.0], angles=[])
+    with pytest.raises(UsageError, match="past the data's 3 state values"):
+        StateFeatures(3, [], angles=[3])
+
+
+def test_the_latent_learns_to_read_the_recorded_state():
+    cfg = TINY.model_copy(update={"state_weight": 1.0, "state_units": [4.0, 4.0]})
+    torch.manual_seed(0)
+    model = build_world_model(
+        cfg, resolution=32, action_dim=2, frameskip=2, history_len=3, state_size=2
+    )
+    objective = Objective(model, cfg)
+    batch = _batch(size=16)
+    batch["pixels"].zero_()
+    rows, columns = torch.randint(0, 24, (2, 16, 3), generator=torch.Generator().manual_seed(3))
+    for clip in range(16):
+        for step in range(3):
+            row, column = rows[clip, step], columns[clip, step]
+            batch["pixels"][clip, step, row : row + 8, column : column + 8] = 255
+    batch["state"] = torch.stack([rows, columns], dim=-1).float()  # where the square is
+    first = objective(batch)
+    assert "state" in first and "reconstruction" not in first
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        optimizer.zero_grad()
+        terms = objective(batch)
+        terms["loss"].backward()
+        optimizer.step()
+    assert terms["state"].item() < 0.05 * first["state"].item()
+    model.eval()
+    read = model.encode(batch["pixels"])[..., :2] * 4.0  # the first values, in pixels
+    assert (read - batch["state"]).abs().mean().item() < 2.0
+    with pytest.raises(UsageError, match="latent_dim is 1"):
+        build_world_model(
+            cfg.model_copy(update={"latent_dim": 1}),
+            resolution=32,
+            action_dim=2,
+            frameskip=2,
+            history_len=3,
+            state_size=2,
+        )
+    with pytest.raises(UsageError, match="no state_error"):
+        Objective(torch.nn.Linear(2, 2), cfg)
 
 
 def test_a_full_disk_while_checkpointing_is_one_error_and_leaves_no_partial(tmp_path):

@@ -226,6 +226,33 @@ def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protoco
     assert "gym-pusht's physics only" in other_env.stderr and "hint:" in other_env.stderr
 
 
+def test_the_latent_reads_the_blocks_pose_and_plans_with_it(pusht_run, tmp_path):
+    from swmcli.commands.train import run_train
+    from swmcli.training.checkpoints import load_checkpoint
+
+    units = [20.0, 20.0, 20.0, 20.0, float(pusht.SUCCESS_ANGLE)]
+    flags = {**TINY, "data.path": _cfg(pusht_run).data.path, "train.out": tmp_path / "run"}
+    flags |= {"model.state_weight": 1.0, "model.state_units": units, "model.state_angles": [4]}
+    run_train(resolve_config("pusht-64", flags={**flags, "model.latent_dim": 6}), MemoryMonitor())
+    assert load_checkpoint(tmp_path / "run")["model_args"]["state_size"] == 5
+    model, _ = load_model(tmp_path / "run", _cfg(tmp_path / "run"), make_runner())
+    assert model.state_dims == 6  # agent x, y, block x, y, the angle's cosine and sine
+    result = run_eval(tmp_path / "run", MemoryMonitor())
+    assert result.fields["episodes"] == 3 and 0 <= result.fields["success_rate"] <= 1
+
+
+def test_the_state_dynamics_benchmark_trains_on_states_and_plays_the_protocol(pusht_run):
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "pusht_state_dynamics.py"), str(pusht_run),
+         "--steps", "2", "--eval-seeds", "1000", "2000"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "clips of 6 states; 2 steps of 256" in done.stdout
+    assert "eval.seed 1000: " in done.stdout and "eval.seed 2000: " in done.stdout
+
+
 def test_a_predictor_trains_on_the_runs_frozen_encoder_and_agent_state_norm(pusht_run, tmp_path):
     from swmcli.commands.train import run_train
     from swmcli.training.checkpoints import load_checkpoint

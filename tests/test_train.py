@@ -410,6 +410,26 @@ def test_init_from_a_run_and_a_frozen_encoder_train_only_the_predictor(tiny_data
     assert load_checkpoint(second)["optimizer"]["state"]  # the predictor's AdamW state
 
 
+def test_a_state_readout_trains_plans_and_needs_a_recorded_state(tiny_data, tmp_path):
+    from swmcli.commands.evaluate import run_eval
+    from swmcli.models.interface import model_args
+
+    run_dir = tmp_path / "run"
+    # TwoRoom's state is the agent's centre in [0, 1]: in units of 0.05, about a wall's width.
+    flags = {"model.state_weight": 1.0, "model.state_units": [0.05, 0.05], "train.log_every": 1}
+    cfg = _cfg(tiny_data, run_dir, **flags)
+    run_train(cfg, MemoryMonitor())
+    rows = _metrics(run_dir)
+    assert "state" in rows[0] and rows[-1]["state"] < 0.5 * rows[0]["state"]
+    assert load_checkpoint(run_dir)["model_args"]["state_size"] == 2
+    dataset_protocol = load_run_config(run_dir, sets=["eval.protocol=dataset"])
+    result = run_eval(run_dir, MemoryMonitor(), dataset_protocol)
+    assert result.fields["episodes"] == 4 and 0 <= result.fields["success_rate"] <= 1
+    no_state = {"keys": {"pixels": ["|u1", [32, 32, 3]], "action": ["<f4", [2]]}}
+    with pytest.raises(UsageError, match="records no 'state'"):
+        model_args(cfg, {"resolution": 32, "action_dim": 2, **no_state})
+
+
 def test_freeze_and_init_from_refuse_what_they_cannot_do(tiny_data, tmp_path):
     with pytest.raises(UsageError, match="does not have") as error:
         run_train(_cfg(tiny_data, tmp_path / "a", **{"train.freeze": "encodr"}), MemoryMonitor())

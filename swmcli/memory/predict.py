@@ -311,6 +311,9 @@ class PeakPredictor:
         if device not in DEVICES:
             raise ValueError(f"predictions are for one of {DEVICES}, not {device!r}")
         self.cfg = cfg
+        # The state readout (model.state_weight) holds no weight and reads a few floats a frame:
+        # traced without it, as the step's batch is traced without the data's state.
+        self.model_cfg = cfg.model.model_copy(update={"state_weight": 0.0})
         self.step = step
         self.device = device
         self.round_bytes = CUDA_BLOCK_BYTES if device == "cuda" else 1
@@ -336,7 +339,7 @@ class PeakPredictor:
                     "frameskip": frameskip,
                     "history_len": history_len,
                 }
-                model = build_model(self.cfg.model, shape)
+                model = build_model(self.model_cfg, shape)
                 if self.cfg.train.freeze:
                     # The traced model leaves the agent's state out (its norm holds no weight,
                     # and swm train checks every name on the model it builds): freeze the rest.
@@ -376,7 +379,7 @@ class PeakPredictor:
         def make(model):
 
             batch = clip_batch(self.step, variant)
-            objective = Objective(model, self.cfg.model)
+            objective = Objective(model, self.model_cfg)
             optimizer = make_optimizer(model, self.cfg.train, variant.in_backward)
             runner = TraceRunner(variant.bf16, self.device)
             runner.prepare(model)

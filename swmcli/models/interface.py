@@ -155,6 +155,7 @@ class Objective(nn.Module):
             "weight": model_cfg.regularizer_weight,
             "rollout_weight": model_cfg.rollout_weight,
             "reconstruction_weight": model_cfg.reconstruction_weight,
+            "state_weight": model_cfg.state_weight,
         }
         drawing = model_cfg.reconstruction_weight > 0 and getattr(model, "loss", None) is None
         if drawing and not callable(getattr(model, "reconstruction_error", None)):
@@ -163,6 +164,14 @@ class Objective(nn.Module):
                 f"{type(model).__name__} has no reconstruction_error(latents, pixels)",
                 hint="drop model.reconstruction_weight, or give your model a loss of its own "
                 "that draws frames back (docs/bring-your-model.md)",
+            )
+        reading = model_cfg.state_weight > 0 and getattr(model, "loss", None) is None
+        if reading and not callable(getattr(model, "state_error", None)):
+            raise UsageError(
+                "model.state_weight trains a readout of the recorded state that swm's own model "
+                f"has, and {type(model).__name__} has no state_error(latents, state)",
+                hint="drop model.state_weight, or give your model a loss of its own "
+                "(docs/bring-your-model.md)",
             )
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -184,6 +193,8 @@ def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
     }
     if cfg.model.proprio:
         args["proprio_dim"] = proprio_size(cfg, metadata)
+    if cfg.model.state_weight > 0:
+        args["state_size"] = state_size(cfg, metadata)
     return args
 
 
@@ -198,3 +209,16 @@ def proprio_size(cfg: SwmConfig, metadata: dict[str, Any]) -> int:
             "or drop model.proprio",
         )
     return int(math.prod(keys["proprio"][1]))
+
+
+def state_size(cfg: SwmConfig, metadata: dict[str, Any]) -> int:
+    """Values per row of the data's ``state`` key; one line when it has none."""
+    keys = metadata.get("keys") or {}
+    if "state" not in keys:
+        raise UsageError(
+            f"model.state_weight trains the latent to read the env's recorded state, and "
+            f"{cfg.data.path} records no 'state' (its keys: {', '.join(keys) or 'unknown'})",
+            hint="collect from an env whose observation holds its state (swm/TwoRoom-v0, "
+            "gym-pusht), or drop model.state_weight",
+        )
+    return int(math.prod(keys["state"][1]))

@@ -78,6 +78,18 @@ def effective_rank(latents: torch.Tensor) -> torch.Tensor:
     return entropy.exp()
 
 
+def _regularize(model, flat: torch.Tensor, regularizer: str) -> torch.Tensor:
+    """The regularizer over the latents ``(N, D)``; with a state readout, over the image's other
+    values only (the state read has the spread of the recorded state, the agent's state that of
+    its data), 0 where none are left."""
+    state_dims = getattr(model, "state_dims", 0)
+    if state_dims:
+        flat = flat[:, state_dims : flat.shape[1] - getattr(model, "proprio_dims", 0)]
+        if not flat.shape[1]:
+            return flat.new_zeros(())
+    return REGULARIZERS[regularizer](flat)
+
+
 def jepa_loss(
     model,
     batch: dict[str, torch.Tensor],
@@ -85,6 +97,7 @@ def jepa_loss(
     weight: float,
     rollout_weight: float,
     reconstruction_weight: float = 0.0,
+    state_weight: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """swm's training loss for any protocol model: MSE to the next latents + weight * regularizer.
 
@@ -92,9 +105,12 @@ def jepa_loss(
     from the clip's first latent on its own predictions (the multi-step loss: planning
     imagines several blocks ahead, and teacher forcing alone never trains that). With
     ``reconstruction_weight`` > 0, plus that weight times the error of the frames drawn back
-    from their latents (swm's model's decoder).
+    from their latents (swm's model's decoder). With ``state_weight`` > 0, plus that weight times
+    the error of the state the latents read (swm's model's ``state_error``); the regularizer then
+    spreads only the rest of the latent (the state has a spread of its own).
     Returns ``loss`` (minimized) and its parts (detached) for logging: ``prediction``,
-    ``regularizer``, ``rollout`` and ``reconstruction`` (when used), and ``latent_rank``
+    ``regularizer``, ``rollout``, ``reconstruction`` and ``state`` (when used), and
+    ``latent_rank``
     (effective rank of the batch's latents; near 1 = collapse).
     """
     latents = encode_observation(model, batch)
@@ -103,7 +119,7 @@ def jepa_loss(
     prediction = prediction_loss(predicted, latents[:, 1:])
     # The regularizer is a statistic of the whole batch: every rank's latents under DDP.
     flat = gather_rows(latents.reshape(-1, latents.shape[-1]))
-    spread = REGULARIZERS[regularizer](flat)
+    spread = _regularize(model, flat, regularizer)
     total = prediction + weight * spread
     terms = {
         "prediction": prediction.detach(),
@@ -119,4 +135,8 @@ def jepa_loss(
         drawn = model.reconstruction_error(latents, batch["pixels"])
         total = total + reconstruction_weight * drawn
         terms["reconstruction"] = drawn.detach()
+    if state_weight > 0:
+        read = model.state_error(latents, batch["state"])
+        total = total + state_weight * read
+        terms["state"] = read.detach()
     return {"loss": total, **terms}

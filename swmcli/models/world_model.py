@@ -17,6 +17,10 @@ the frame's latent, so the predictor predicts it too and the planner's cost sees
 With ``model.reconstruction_weight``, a decoder (the encoder mirrored) draws each frame back from
 its latent during training, so the latent must hold all the frame shows (Push-T's block as well
 as the agent); planning never decodes.
+
+With ``model.state_weight``, the latent's first values are the env's recorded state read from the
+frame (``state.StateFeatures``: in its units, angles as cosine and sine), trained against the
+data's ``state`` key, so the planner's distance over them is the success criterion's.
 """
 
 import torch
@@ -26,6 +30,7 @@ from swmcli.errors import UsageError
 from swmcli.models.encoder import CNNDecoder, CNNEncoder, ViTEncoder
 from swmcli.models.global_batch import GlobalBatchNorm1d
 from swmcli.models.predictor import Predictor
+from swmcli.models.state import StateFeatures
 
 PIXEL_MEAN = 0.5
 PIXEL_STD = 0.25
@@ -48,6 +53,7 @@ class WorldModel(nn.Module):
         predictor: Predictor,
         proprio_dims: int = 0,
         decoder: nn.Module | None = None,
+        state: StateFeatures | None = None,
     ):
         super().__init__()
         self.encoder = encoder
@@ -57,11 +63,17 @@ class WorldModel(nn.Module):
             self.proprio_norm = GlobalBatchNorm1d(proprio_dims, affine=False)
         if decoder is not None:
             self.decoder = decoder
+        self.state_dims = 0 if state is None else state.size
+        if state is not None:
+            self.state = state
 
     def encode(self, pixels: torch.Tensor, proprio: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 pixels ``(B, T, H, W, 3)`` (or ``(B, H, W, 3)``) -> latents ``(B, T, D)``; with
         ``model.proprio``, the agent's state ``(B, T, P)`` standardized and appended."""
         latents = self.encoder(normalize_pixels(pixels)).reshape(*pixels.shape[:-3], -1)
+        if self.state_dims:
+            read = self.state.unstandardize(latents[..., : self.state_dims])
+            latents = torch.cat([read, latents[..., self.state_dims :]], dim=-1)
         if not self.proprio_dims:
             return latents
         if proprio is None:
@@ -86,6 +98,14 @@ class WorldModel(nn.Module):
         drawn = self.decoder(latents[:, -1])
         return nn.functional.mse_loss(drawn.float(), normalize_pixels(pixels[:, -1]))
 
+    def state_error(self, latents: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """MSE between the state the latents ``(B, T, D)`` read (their first values) and the
+        recorded ``state`` ``(B, T, S)``, in the state's units (``model.state_units``)."""
+        target = self.state(state)
+        self.state.observe(target.reshape(-1, self.state_dims))
+        read = latents[..., : self.state_dims]
+        return nn.functional.mse_loss(read.float(), target)
+
     @property
     def context_len(self) -> int:
         """The longest history the predictor was trained on (rollouts cut to it)."""
@@ -100,6 +120,7 @@ def build_world_model(
     frameskip: int,
     history_len: int,
     proprio_dim: int = 0,
+    state_size: int = 0,
 ) -> WorldModel:
     """The world model a ``ModelConfig`` describes, for frames of ``resolution`` pixels.
 
@@ -107,10 +128,10 @@ def build_world_model(
     ``frameskip * action_dim`` values. A clip of ``history_len`` observations trains the
     predictor on contexts of up to ``history_len - 1`` (the last one is only a target), so that is
     its length, and ``history_len`` must be at least 2. ``proprio_dim`` is the size of the
-    agent's state (``model.proprio``; 0 without it: runs trained before it load as they were).
+    agent's state (``model.proprio``; 0 without it: runs trained before it load as they were);
+    ``state_size`` the values of the data's ``state`` (read with ``model.state_weight``).
     """
     if history_len < 2:
-
         raise UsageError(
             f"history_len {history_len} leaves no next observation to predict",
             hint="use --history-len 2 or more (4 is usual)",
@@ -143,4 +164,13 @@ def build_world_model(
                 hint="use --set model.encoder=cnn, or drop model.reconstruction_weight",
             )
         decoder = CNNDecoder(resolution, model_cfg.latent_dim + proprio_dim, model_cfg.cnn_width)
-    return WorldModel(encoder, predictor, proprio_dim, decoder)
+    state = None
+    if model_cfg.state_weight > 0:
+        state = StateFeatures(state_size, model_cfg.state_units, model_cfg.state_angles)
+        if state.size > model_cfg.latent_dim:
+            raise UsageError(
+                f"model.state_weight reads {state.size} state values into the latent, and "
+                f"model.latent_dim is {model_cfg.latent_dim}",
+                hint=f"use --set model.latent_dim={state.size} or more",
+            )
+    return WorldModel(encoder, predictor, proprio_dim, decoder, state)

@@ -15,13 +15,17 @@ from swmcli.training.distributed import gradient_sync, mean_over_ranks
 
 TRAIN_KEYS = ["pixels", "action"]  # the only keys the loss reads: the loader fetches nothing else
 PROPRIO_KEY = "proprio"  # the agent's own state, read too with model.proprio
+STATE_KEY = "state"  # the env's recorded state, read too with model.state_weight
 WARMUP_FRACTION = 0.05
 FINAL_LR_FRACTION = 0.1
 
 
 def train_keys(cfg) -> list[str]:
-    """The keys training reads: ``TRAIN_KEYS``, and the agent's state with ``model.proprio``."""
-    return [*TRAIN_KEYS, PROPRIO_KEY] if cfg.model.proprio else TRAIN_KEYS
+    """The keys training reads: ``TRAIN_KEYS``, the agent's state with ``model.proprio``, the
+    env's recorded state with ``model.state_weight``."""
+    proprio = [PROPRIO_KEY] if cfg.model.proprio else []
+    state = [STATE_KEY] if cfg.model.state_weight > 0 else []
+    return [*TRAIN_KEYS, *proprio, *state]
 
 
 def learning_rate(step: int, total_steps: int, peak: float) -> float:
