@@ -157,21 +157,24 @@ def physics_costs(env, saved, goal, plans: torch.Tensor, cost: str, weight, scor
     return score.costs(observed, goal, cost, weight)
 
 
-def play(cfg, episode, settings, score) -> bool:
-    """One start row: plan in the physics, run the first ``replan_every`` blocks, repeat."""
+def plan_in_physics(physics, mean, generator, settings, goal) -> torch.Tensor:
+    """CEM's plan from the env's current state, its candidates simulated (``physics_costs``)."""
+    return planners.cem(physics, physics_state(physics), goal, mean, settings, generator)
+
+
+def play(cfg, episode, settings, plan_from) -> bool:
+    """One start row: ``plan_from(gym-pusht's env, warm start, generator)`` plans from the
+    current state; the first ``replan_every`` blocks run in the env; repeat."""
     budget = eval_budget(cfg)
     limit = max(cfg.env.max_episode_steps, budget)
     env = make_env(cfg.env.id, cfg.env.resolution, limit, episode.seed, cfg.env.kwargs)
     env, _ = restore_recorded(env, episode.state, episode.goal_state, episode.seed)
-    physics = env.unwrapped
     generator = torch.Generator().manual_seed(episode.seed)
     mean = torch.zeros(settings.horizon, cfg.data.frameskip * ACTION_DIM)
-    goal = score.goal(episode)
     steps = 0
     try:
         while steps < budget:
-            saved = physics_state(physics)
-            plan = planners.cem(physics, saved, goal, mean, settings, generator)
+            plan = plan_from(env.unwrapped, mean, generator)
             executed = min(settings.replan_every, len(plan))
             mean = torch.cat([plan[executed:], torch.zeros_like(plan[:executed])])
             for action in plan[:executed].reshape(-1, ACTION_DIM).numpy():
@@ -209,7 +212,8 @@ def main() -> None:
     console = Console(width=120)
     for index, episode in enumerate(episodes, 1):
         kind = pusht.goal_asks(episode.state, episode.goal_state)
-        rows[kind][0] += play(cfg, episode, settings, score)
+        plan_from = partial(plan_in_physics, settings=settings, goal=score.goal(episode))
+        rows[kind][0] += play(cfg, episode, settings, plan_from)
         rows[kind][1] += 1
         console.print(f"{index}/{len(episodes)}: {rows}", highlight=False)
     table = Table(title="The run's planner with gym-pusht's physics as its model")

@@ -19,9 +19,11 @@ learned dynamics' alone. Needs gym-pusht.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+import pusht_oracle
 import torch
 from rich.console import Console
 
@@ -29,8 +31,6 @@ from swmcli.config import load_run_config
 from swmcli.data.clips import heldout_split
 from swmcli.data.formats import open_reader
 from swmcli.envs import pusht
-from swmcli.envs.make import make_env
-from swmcli.envs.plugins import restore_recorded
 from swmcli.models.predictor import Predictor
 from swmcli.models.state import StateFeatures
 from swmcli.planning import planners
@@ -111,32 +111,12 @@ def train(model: StateDynamics, latents, blocks, steps: int, console: Console) -
             console.print(f"step {step}: one-step {one_step:.5f}, rollout {rollout:.5f}")
 
 
-def play(cfg, model, features: StateFeatures, episode, settings) -> bool:
-    """One start row: plan from the exact state, run ``replan_every`` blocks, repeat."""
-    budget = 2 * cfg.eval.goal_offset
-    env = make_env(cfg.env.id, cfg.env.resolution, budget, episode.seed, cfg.env.kwargs)
-    env, _ = restore_recorded(env, episode.state, episode.goal_state, episode.seed)
-    goal = latents_of(features, episode.goal_state, np.zeros(4, np.float32))[None]
-    generator = torch.Generator().manual_seed(episode.seed)
-    mean = torch.zeros(settings.horizon, cfg.data.frameskip * ACTION_DIM)
-    steps = 0
-    try:
-        while steps < budget:
-            physics = env.unwrapped
-            state = [*physics.agent.position, *physics.block.position, physics.block.angle]
-            latent = latents_of(features, np.float32(state), pusht.proprio(physics))[None]
-            with torch.inference_mode():
-                plan = planners.cem(model, latent, goal, mean, settings, generator)
-            executed = min(settings.replan_every, len(plan))
-            mean = torch.cat([plan[executed:], torch.zeros_like(plan[:executed])])
-            for action in plan[:executed].reshape(-1, ACTION_DIM).numpy():
-                _, _, success, truncated, _ = env.step(action)
-                steps += 1
-                if success or truncated or steps >= budget:
-                    return bool(success)
-        return False
-    finally:
-        env.close()
+def plan_from_state(physics, mean, generator, model, features, goal, settings) -> torch.Tensor:
+    """CEM's plan from the env's exact current state, with the learned predictor."""
+    state = [*physics.agent.position, *physics.block.position, physics.block.angle]
+    latent = latents_of(features, np.float32(state), pusht.proprio(physics))[None]
+    with torch.inference_mode():
+        return planners.cem(model, latent, goal, mean, settings, generator)
 
 
 def main() -> None:
@@ -173,7 +153,11 @@ def main() -> None:
         episodes = goal_episodes(cfg)
         wins = 0
         for index, episode in enumerate(episodes, 1):
-            wins += play(cfg, model, features, episode, settings)
+            goal = latents_of(features, episode.goal_state, np.zeros(4, np.float32))[None]
+            plan_from = partial(
+                plan_from_state, model=model, features=features, goal=goal, settings=settings
+            )
+            wins += pusht_oracle.play(cfg, episode, settings, plan_from)
             console.print(f"{index}/{len(episodes)}: {wins} reached", highlight=False)
         low, high = wilson_interval(wins, len(episodes))
         console.print(

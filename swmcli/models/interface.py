@@ -157,22 +157,20 @@ class Objective(nn.Module):
             "reconstruction_weight": model_cfg.reconstruction_weight,
             "state_weight": model_cfg.state_weight,
         }
-        drawing = model_cfg.reconstruction_weight > 0 and getattr(model, "loss", None) is None
-        if drawing and not callable(getattr(model, "reconstruction_error", None)):
-            raise UsageError(
-                "model.reconstruction_weight trains a decoder that swm's own model has, and "
-                f"{type(model).__name__} has no reconstruction_error(latents, pixels)",
-                hint="drop model.reconstruction_weight, or give your model a loss of its own "
-                "that draws frames back (docs/bring-your-model.md)",
-            )
-        reading = model_cfg.state_weight > 0 and getattr(model, "loss", None) is None
-        if reading and not callable(getattr(model, "state_error", None)):
-            raise UsageError(
-                "model.state_weight trains a readout of the recorded state that swm's own model "
-                f"has, and {type(model).__name__} has no state_error(latents, state)",
-                hint="drop model.state_weight, or give your model a loss of its own "
-                "(docs/bring-your-model.md)",
-            )
+        # swm's loss terms that call a method of swm's own model (a model with a loss skips them)
+        own_loss = getattr(model, "loss", None) is not None
+        for setting, method, what in (
+            ("reconstruction_weight", "reconstruction_error(latents, pixels)", "a decoder"),
+            ("state_weight", "state_error(latents, state)", "a readout of the recorded state"),
+        ):
+            wanted = getattr(model_cfg, setting) > 0 and not own_loss
+            if wanted and not callable(getattr(model, method.partition("(")[0], None)):
+                raise UsageError(
+                    f"model.{setting} trains {what} that swm's own model has, and "
+                    f"{type(model).__name__} has no {method}",
+                    hint=f"drop model.{setting}, or give your model a loss of its own "
+                    "(docs/bring-your-model.md)",
+                )
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The loss terms of a device batch; ``loss`` is the one minimized."""
@@ -184,7 +182,8 @@ class Objective(nn.Module):
 
 def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
     """The clip shape ``protocol.build_model`` takes, for this config and dataset (with
-    ``model.proprio``, also ``proprio_dim``: the size of the data's ``proprio`` key)."""
+    ``model.proprio``, also ``proprio_dim``: the size of the data's ``proprio`` key; with
+    ``model.state_weight``, ``state_size``: its ``state`` key's)."""
     args = {
         "resolution": int(metadata["resolution"]),
         "action_dim": int(metadata["action_dim"]),
@@ -192,33 +191,35 @@ def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
         "history_len": cfg.data.history_len,
     }
     if cfg.model.proprio:
-        args["proprio_dim"] = proprio_size(cfg, metadata)
+        args["proprio_dim"] = _key_size(
+            cfg,
+            metadata,
+            "proprio",
+            "model.proprio",
+            "feeds the agent's state to the model",
+            "collect it again with this swm (gym-pusht and swm/PushT-v1 record proprio)",
+        )
     if cfg.model.state_weight > 0:
-        args["state_size"] = state_size(cfg, metadata)
+        args["state_size"] = _key_size(
+            cfg,
+            metadata,
+            "state",
+            "model.state_weight",
+            "trains the latent to read the env's recorded state",
+            "collect from an env whose observation holds its state (swm/TwoRoom-v0, gym-pusht)",
+        )
     return args
 
 
-def proprio_size(cfg: SwmConfig, metadata: dict[str, Any]) -> int:
-    """Values per row of the data's ``proprio`` key; one line when it has none."""
+def _key_size(
+    cfg: SwmConfig, metadata: dict[str, Any], key: str, setting: str, why: str, hint: str
+) -> int:
+    """Values per row of the data's ``key``, which ``setting`` reads; one line when it has none."""
     keys = metadata.get("keys") or {}
-    if "proprio" not in keys:
+    if key not in keys:
         raise UsageError(
-            f"model.proprio feeds the agent's state to the model, and {cfg.data.path} records no "
-            f"'proprio' (its keys: {', '.join(keys) or 'unknown'})",
-            hint="collect it again with this swm (gym-pusht and swm/PushT-v1 record proprio), "
-            "or drop model.proprio",
+            f"{setting} {why}, and {cfg.data.path} records no '{key}' (its keys: "
+            f"{', '.join(keys) or 'unknown'})",
+            hint=f"{hint}, or drop {setting}",
         )
-    return int(math.prod(keys["proprio"][1]))
-
-
-def state_size(cfg: SwmConfig, metadata: dict[str, Any]) -> int:
-    """Values per row of the data's ``state`` key; one line when it has none."""
-    keys = metadata.get("keys") or {}
-    if "state" not in keys:
-        raise UsageError(
-            f"model.state_weight trains the latent to read the env's recorded state, and "
-            f"{cfg.data.path} records no 'state' (its keys: {', '.join(keys) or 'unknown'})",
-            hint="collect from an env whose observation holds its state (swm/TwoRoom-v0, "
-            "gym-pusht), or drop model.state_weight",
-        )
-    return int(math.prod(keys["state"][1]))
+    return int(math.prod(keys[key][1]))
