@@ -803,10 +803,10 @@ def preset_path(preset: str) -> Path:
 #: ``model.factory`` model does not record the first, nor the second when it has its own loss.
 SWM_MODEL_SETTINGS = (
     "encoder", "latent_dim", "cnn_width", "vit_patch", "vit_dim", "vit_depth", "vit_heads",
-    "predictor_dim", "predictor_depth", "predictor_heads",
+    "predictor_dim", "predictor_depth", "predictor_heads", "state_units", "state_angles",
 )  # fmt: skip
 JEPA_LOSS_SETTINGS = (
-    "regularizer", "regularizer_weight", "rollout_weight", "reconstruction_weight",
+    "regularizer", "regularizer_weight", "rollout_weight", "reconstruction_weight", "state_weight",
 )  # fmt: skip
 
 
