@@ -162,29 +162,32 @@ def plan_in_physics(physics, mean, generator, settings, goal) -> torch.Tensor:
     return planners.cem(physics, physics_state(physics), goal, mean, settings, generator)
 
 
-def play(cfg, episode, settings, plan_from) -> bool:
+def play(cfg, episode, settings, plan_from, on_step=None) -> bool:
     """One start row: ``plan_from(gym-pusht's env, warm start, generator)`` plans from the
-    current state; the first ``replan_every`` blocks run in the env; repeat."""
+    current state; the first ``replan_every`` blocks run in the env; repeat. With ``on_step``,
+    called with gym-pusht's env and each action before it runs, the whole budget is played
+    (past a success: what the planner does there is data too)."""
     budget = eval_budget(cfg)
     limit = max(cfg.env.max_episode_steps, budget)
     env = make_env(cfg.env.id, cfg.env.resolution, limit, episode.seed, cfg.env.kwargs)
     env, _ = restore_recorded(env, episode.state, episode.goal_state, episode.seed)
     generator = torch.Generator().manual_seed(episode.seed)
     mean = torch.zeros(settings.horizon, cfg.data.frameskip * ACTION_DIM)
-    steps = 0
+    steps, reached = 0, False
     try:
         while steps < budget:
             plan = plan_from(env.unwrapped, mean, generator)
             executed = min(settings.replan_every, len(plan))
             mean = torch.cat([plan[executed:], torch.zeros_like(plan[:executed])])
             for action in plan[:executed].reshape(-1, ACTION_DIM).numpy():
+                if on_step is not None:
+                    on_step(env.unwrapped, action)
                 _, _, success, truncated, _ = env.step(action)
                 steps += 1
-                if success:
-                    return True
-                if truncated or steps >= budget:
-                    return False
-        return False
+                reached = reached or success
+                if (reached and on_step is None) or truncated or steps >= budget:
+                    return reached
+        return reached
     finally:
         env.close()
 

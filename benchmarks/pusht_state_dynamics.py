@@ -3,17 +3,26 @@ Push-T for a world model whose encoder reads the state perfectly (docs/bring-you
 recorded state as a training target").
 
     PYTHONPATH=. python benchmarks/pusht_state_dynamics.py RUN [--data DATA] [--steps 6000]
+        [--predictor transformer|block-frame] [--planner-rounds 0] [--planner-episodes 600]
         [--set KEY=VALUE ...]
 
-Trains swm's predictor (RUN's size) on DATA's training episodes (default: RUN's data), its
-"latents" the recorded ``state`` in ``model.state_units`` with ``model.state_angles`` on the
-circle (``models.state.StateFeatures``, as ``model.state_weight`` reads them from frames), then the
+Trains a predictor on DATA's training episodes (default: RUN's data), its "latents" the recorded
+``state`` in ``model.state_units`` with ``model.state_angles`` on the circle
+(``models.state.StateFeatures``, as ``model.state_weight`` reads them from frames), then the
 agent's velocity from ``proprio``; clips of 6 observations ``data.frameskip`` env steps apart,
-with the one-step and the five-block loss. Then plays RUN's dataset protocol (its start rows and
-goals, budget and planner, as ``swm eval RUN --set`` resolves them) planning from the exact state
-after every plan; the cost counts the state's features only (the success criterion's units), not
-the velocity. No pixels: the gap between this and the physics ceiling (``pusht_oracle.py``) is the
-learned dynamics' alone. Needs gym-pusht.
+with the one-step and the five-block loss. The predictor is swm's (``transformer``, RUN's size)
+or ``block-frame``: a Markov MLP that sees the agent, its velocity and the action's targets in
+the T's own frame and moves the T there (pushing is the same anywhere in the arena and at any
+angle; the transformer must learn that from data). Prints its held-out errors in pixels and
+degrees, one block and five blocks on. With ``--planner-rounds K``, K times: the predictor's
+planner plays ``--planner-episodes`` start rows drawn from the training episodes (never the
+held-out ones) for the whole budget, every state and action recorded, and a fresh predictor
+trains on the data and every round's plays (the planner's own plans as data, in state space).
+Then plays RUN's dataset protocol (its start rows and goals, budget and planner, as ``swm eval
+RUN --set`` resolves them) planning from the exact state after every plan; the cost counts the
+state's features only (the success criterion's units), not the velocity. No pixels: the gap
+between this and the physics ceiling (``pusht_oracle.py``) is the learned dynamics' alone. Needs
+gym-pusht.
 """
 
 from __future__ import annotations
@@ -26,27 +35,30 @@ import numpy as np
 import pusht_oracle
 import torch
 from rich.console import Console
+from torch import nn
 
 from swmcli.config import load_run_config
 from swmcli.data.clips import heldout_split
 from swmcli.data.formats import open_reader
 from swmcli.envs import pusht
 from swmcli.models.predictor import Predictor
+from swmcli.models.rollout import rollout
 from swmcli.models.state import StateFeatures
 from swmcli.planning import planners
-from swmcli.planning.goals import goal_episodes, wilson_interval
+from swmcli.planning.goals import dataset_episodes, goal_episodes, wilson_interval
 
 CLIP = 6  # observations: five blocks, the planning horizon
 VELOCITY_UNIT = 400.0  # px/s: the agent's velocity, an input only
 ACTION_DIM = 2
-BATCH = 256
+FRAME_UNIT = 100.0  # px: positions in the T's frame, as the block-frame MLP sees them
 
 
-class StateDynamics(torch.nn.Module):
+class StateDynamics(nn.Module):
     """The predictor on ``[state features, agent velocity / VELOCITY_UNIT]``, standardized
     inside; ``proprio_dims`` 2: the planner's ``proprio_weight`` 0 leaves the velocity out."""
 
     proprio_dims = 2
+    batch = 256
 
     def __init__(self, cfg, size: int, block: int, mean, std):
         super().__init__()
@@ -65,58 +77,208 @@ class StateDynamics(torch.nn.Module):
         return self.predictor(latents, actions)
 
 
+def turn(points: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Points ``(..., 2)`` turned by the angle of that cosine and sine ``(...)``."""
+    x, y = points[..., 0], points[..., 1]
+    return torch.stack([cos * x - sin * y, sin * x + cos * y], dim=-1)
+
+
+class BlockFrameDynamics(nn.Module):
+    """A Markov predictor in the T's frame: from one observation's features and its action
+    block, an MLP sees the agent (relative to the T), its velocity and the block's targets, all
+    turned into the T's frame, and gives the agent's next position and velocity and the T's
+    move and turn there; they are turned back into the arena. Pushing is then the same wherever
+    the T lies and however it is turned. ``standardized`` as ``StateDynamics``'s."""
+
+    proprio_dims = 2
+    context_len = 1
+    batch = 512
+
+    def __init__(self, units: list[float], frameskip: int, mean, std, width: int = 256):
+        super().__init__()
+        self.position_unit, self.angle_unit = units[0], units[4]
+        self.frameskip = frameskip
+        self.net = nn.Sequential(
+            nn.Linear(4 + 2 * frameskip, width),
+            nn.GELU(),
+            nn.Linear(width, width),
+            nn.GELU(),
+            nn.Linear(width, width),
+            nn.GELU(),
+            nn.Linear(width, 7),
+        )
+        self.register_buffer("mean", mean)
+        self.register_buffer("std", std)
+
+    def predict(self, latents: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Each observation's next features ``(..., 8)`` from its own and its block's."""
+        unit = self.position_unit
+        agent, block = latents[..., 0:2] * unit, latents[..., 2:4] * unit
+        velocity = latents[..., 6:8] * VELOCITY_UNIT
+        angle = torch.atan2(latents[..., 5], latents[..., 4])
+        cos, sin = angle.cos(), angle.sin()
+        targets = (actions.unflatten(-1, (self.frameskip, ACTION_DIM)) + 1) * pusht.ARENA / 2
+        # Into the T's frame: relative to the T, turned back by its angle.
+        agent_seen = turn(agent - block, cos, -sin)
+        targets_seen = turn(targets - block[..., None, :], cos[..., None], -sin[..., None])
+        inputs = [
+            agent_seen / FRAME_UNIT,
+            turn(velocity, cos, -sin) / VELOCITY_UNIT,
+            targets_seen[..., 0] / FRAME_UNIT,
+            targets_seen[..., 1] / FRAME_UNIT,
+        ]
+        out = self.net(torch.cat(inputs, dim=-1))
+        # Back into the arena.
+        agent = block + turn(agent_seen + out[..., 0:2] * FRAME_UNIT, cos, sin)
+        velocity = turn(out[..., 2:4] * VELOCITY_UNIT, cos, sin)
+        block = block + turn(out[..., 4:6] * FRAME_UNIT, cos, sin)
+        angle = (angle + out[..., 6])[..., None]
+        return torch.cat(
+            [
+                agent / unit,
+                block / unit,
+                angle.cos() / self.angle_unit,
+                angle.sin() / self.angle_unit,
+                velocity / VELOCITY_UNIT,
+            ],
+            dim=-1,
+        )
+
+    def standardized(self, latents: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        return (self.predict(latents * self.std + self.mean, actions) - self.mean) / self.std
+
+
 def latents_of(features: StateFeatures, state, proprio) -> torch.Tensor:
     state, proprio = torch.as_tensor(state), torch.as_tensor(proprio)
     return torch.cat([features(state), proprio[..., 2:].float() / VELOCITY_UNIT], dim=-1)
 
 
-def clips(path: Path, cfg, features: StateFeatures) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every clip of ``CLIP`` observations ``frameskip`` apart in the training episodes, with the
-    dense action block taken at each (zeros past the episode's end)."""
+def episode_clips(latent, actions, skip: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every clip of ``CLIP`` observations ``skip`` steps apart in one episode (none in one too
+    short), with the dense action block taken at each (zeros past the episode's end)."""
+    actions = torch.as_tensor(np.nan_to_num(actions), dtype=torch.float32)
+    actions = torch.cat([actions, actions.new_zeros(skip * CLIP, ACTION_DIM)])
+    latents, blocks = (
+        [latent.new_zeros(0, CLIP, latent.shape[-1])],
+        [actions.new_zeros(0, CLIP, skip * ACTION_DIM)],
+    )
+    for start in range(len(latent) - skip * (CLIP - 1)):
+        steps = start + skip * torch.arange(CLIP)
+        latents.append(latent[steps][None])
+        taken = [actions[step : step + skip].reshape(-1) for step in steps]
+        blocks.append(torch.stack(taken)[None])
+    return torch.cat(latents), torch.cat(blocks)
+
+
+def clips(path: Path, episodes, cfg, features: StateFeatures) -> tuple[torch.Tensor, torch.Tensor]:
+    """``episode_clips`` of each of ``episodes`` in the dataset at ``path``."""
     reader = open_reader(path)
-    training, _ = heldout_split(reader.num_episodes, cfg.eval.heldout_episodes)
-    skip, latents, blocks = cfg.data.frameskip, [], []
-    for index in training:
+    found = []
+    for index in episodes:
         rows = reader.read_episode(index, keys=["state", "proprio", "action"])
         latent = latents_of(features, rows["state"], rows["proprio"])
-        actions = torch.as_tensor(np.nan_to_num(rows["action"]), dtype=torch.float32)
-        actions = torch.cat([actions, actions.new_zeros(skip * CLIP, ACTION_DIM)])
-        for start in range(len(latent) - skip * (CLIP - 1)):
-            steps = start + skip * torch.arange(CLIP)
-            latents.append(latent[steps])
-            taken = [actions[step : step + skip].reshape(-1) for step in steps]
-            blocks.append(torch.stack(taken))
-    return torch.stack(latents), torch.stack(blocks)
+        found.append(episode_clips(latent, rows["action"], cfg.data.frameskip))
+    return torch.cat([latent for latent, _ in found]), torch.cat([block for _, block in found])
 
 
-def train(model: StateDynamics, latents, blocks, steps: int, console: Console) -> None:
+def train(model, latents, blocks, steps: int, console: Console) -> None:
     """AdamW, one cycle; the one-step loss plus the rollout's from each clip's first state."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 1e-3, steps, pct_start=0.05)
     standardized = (latents - model.mean) / model.std
     for step in range(steps):
-        chosen = torch.randint(len(latents), (BATCH,))
+        chosen = torch.randint(len(latents), (model.batch,))
         clip, actions = standardized[chosen], blocks[chosen]
         one_step = (model.standardized(clip[:, :-1], actions[:, :-1]) - clip[:, 1:]).pow(2).mean()
         imagined = clip[:, :1]
         for block in range(CLIP - 1):
-            following = model.standardized(imagined, actions[:, : block + 1])[:, -1:]
+            start = max(block + 1 - model.context_len, 0)
+            context = imagined[:, start:], actions[:, start : block + 1]
+            following = model.standardized(*context)[:, -1:]
             imagined = torch.cat([imagined, following], dim=1)
-        rollout = (imagined[:, 1:] - clip[:, 1:]).pow(2).mean()
+        rollout_loss = (imagined[:, 1:] - clip[:, 1:]).pow(2).mean()
         optimizer.zero_grad()
-        (one_step + rollout).backward()
+        (one_step + rollout_loss).backward()
         optimizer.step()
         schedule.step()
         if step % 500 == 0 or step == steps - 1:
-            console.print(f"step {step}: one-step {one_step:.5f}, rollout {rollout:.5f}")
+            console.print(f"step {step}: one-step {one_step:.5f}, rollout {rollout_loss:.5f}")
+
+
+def held_out_errors(model, latents, blocks, units: list[float], console: Console) -> None:
+    """The mean error of the predicted agent and T (pixels) and the T's angle (degrees), one and
+    five blocks on from the held-out clips' first states."""
+    with torch.inference_mode():
+        imagined = rollout(model, latents[:, :1], blocks[:, :0], blocks[:, : CLIP - 1])
+    truth = latents[:, 1:]
+
+    def distance(part: slice) -> torch.Tensor:
+        unit = torch.tensor(units[part])
+        return ((imagined[..., part] - truth[..., part]) * unit).norm(dim=-1)
+
+    def angle(values: torch.Tensor) -> torch.Tensor:
+        return torch.atan2(values[..., 5], values[..., 4])
+
+    turned = (angle(imagined) - angle(truth) + torch.pi) % (2 * torch.pi) - torch.pi
+    agent, block = distance(slice(0, 2)), distance(slice(2, 4))
+    for ahead in (1, CLIP - 1):
+        console.print(
+            f"held out, {ahead} block{'s' if ahead > 1 else ''} on: agent "
+            f"{agent[:, ahead - 1].mean():.1f} px, T {block[:, ahead - 1].mean():.1f} px, "
+            f"angle {turned[:, ahead - 1].abs().mean().rad2deg():.1f} degrees"
+        )
 
 
 def plan_from_state(physics, mean, generator, model, features, goal, settings) -> torch.Tensor:
     """CEM's plan from the env's exact current state, with the learned predictor."""
-    state = [*physics.agent.position, *physics.block.position, physics.block.angle]
-    latent = latents_of(features, np.float32(state), pusht.proprio(physics))[None]
+    latent = latents_of(
+        features, pusht_oracle.state_of(physics).astype(np.float32), pusht.proprio(physics)
+    )[None]
     with torch.inference_mode():
         return planners.cem(model, latent, goal, mean, settings, generator)
+
+
+def planner(model, features, settings, episode):
+    """``pusht_oracle.play``'s planner toward ``episode``'s goal state."""
+    goal = latents_of(features, episode.goal_state, np.zeros(4, np.float32))[None]
+    return partial(plan_from_state, model=model, features=features, goal=goal, settings=settings)
+
+
+def planner_clips(model, cfg, features, starts) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clips of the model's planner played from each of ``starts`` for the whole budget."""
+    settings = planners.planner_settings(cfg.eval, ACTION_DIM)
+    found = []
+    for episode in starts:
+        states, proprios, actions = [], [], []
+
+        def record(physics, action, states=states, proprios=proprios, actions=actions):
+            states.append(pusht_oracle.state_of(physics).astype(np.float32))
+            proprios.append(pusht.proprio(physics))
+            actions.append(action)
+
+        pusht_oracle.play(
+            cfg, episode, settings, planner(model, features, settings, episode), record
+        )
+        latent = latents_of(features, np.stack(states), np.stack(proprios))
+        found.append(episode_clips(latent, np.stack(actions), cfg.data.frameskip))
+    return torch.cat([latent for latent, _ in found]), torch.cat([block for _, block in found])
+
+
+def fit(kind: str, cfg, units, data, held, steps: int, console: Console):
+    """A fresh predictor of ``kind`` trained on ``data`` (clips and their blocks), standardized
+    by their statistics; its errors on the ``held`` out clips printed."""
+    latents, blocks = data
+    flat = latents.reshape(-1, latents.shape[-1])
+    mean, std = flat.mean(0), flat.std(0)
+    if kind == "block-frame":
+        model = BlockFrameDynamics(units, cfg.data.frameskip, mean, std)
+    else:
+        model = StateDynamics(cfg, flat.shape[1], blocks.shape[-1], mean, std)
+    console.print(f"{len(latents):,} clips of {CLIP} states; {steps:,} steps of {model.batch}")
+    train(model, latents, blocks, steps, console)
+    model.eval()
+    held_out_errors(model, *held, units, console)
+    return model
 
 
 def main() -> None:
@@ -124,6 +286,13 @@ def main() -> None:
     parser.add_argument("run", type=Path)
     parser.add_argument("--data", type=Path, help="episodes to train on (default: RUN's data)")
     parser.add_argument("--steps", type=int, default=6000)
+    parser.add_argument(
+        "--predictor", choices=["transformer", "block-frame"], default="transformer"
+    )
+    parser.add_argument(
+        "--planner-rounds", type=int, default=0, help="rounds of the planner's plays as data"
+    )
+    parser.add_argument("--planner-episodes", type=int, default=600, help="start rows each round")
     parser.add_argument(
         "--eval-seeds", type=int, nargs="+", help="eval.seed of each set of start rows"
     )
@@ -141,28 +310,33 @@ def main() -> None:
     console = Console(width=120)
     units = cfg.model.state_units or [20.0, 20.0, 20.0, 20.0, float(pusht.SUCCESS_ANGLE)]
     features = StateFeatures(5, units, cfg.model.state_angles or [4])
-    latents, blocks = clips(args.data or cfg.data.path, cfg, features)
-    flat = latents.reshape(-1, latents.shape[-1])
-    model = StateDynamics(cfg, flat.shape[1], blocks.shape[-1], flat.mean(0), flat.std(0))
-    console.print(f"{len(latents):,} clips of {CLIP} states; {args.steps:,} steps of {BATCH}")
-    train(model, latents, blocks, args.steps, console)
-    model.eval()
+    data = args.data or cfg.data.path
+    training, heldout = heldout_split(open_reader(data).num_episodes, cfg.eval.heldout_episodes)
+    latents, blocks = clips(data, training, cfg, features)
+    held = clips(data, heldout, cfg, features)
+    model = fit(args.predictor, cfg, units, (latents, blocks), held, args.steps, console)
+    for round_ in range(1, args.planner_rounds + 1):
+        draw = {"episodes": args.planner_episodes, "seed": 5000 + 1000 * round_}
+        starts = dataset_episodes(data, cfg.eval.model_copy(update=draw), among=training)
+        played = planner_clips(model, cfg, features, starts)
+        latents, blocks = torch.cat([latents, played[0]]), torch.cat([blocks, played[1]])
+        console.print(f"round {round_}: {len(starts)} plays of the planner")
+        model = fit(args.predictor, cfg, units, (latents, blocks), held, args.steps, console)
     settings = planners.planner_settings(cfg.eval, ACTION_DIM)
     for seed in args.eval_seeds or [cfg.eval.seed]:
         cfg = load_run_config(args.run, sets=[*sets, f"eval.seed={seed}"])
         episodes = goal_episodes(cfg)
         wins = 0
         for index, episode in enumerate(episodes, 1):
-            goal = latents_of(features, episode.goal_state, np.zeros(4, np.float32))[None]
-            plan_from = partial(
-                plan_from_state, model=model, features=features, goal=goal, settings=settings
+            wins += pusht_oracle.play(
+                cfg, episode, settings, planner(model, features, settings, episode)
             )
-            wins += pusht_oracle.play(cfg, episode, settings, plan_from)
             console.print(f"{index}/{len(episodes)}: {wins} reached", highlight=False)
         low, high = wilson_interval(wins, len(episodes))
         console.print(
-            f"the predictor on the recorded states, {settings.cost} cost, eval.seed {seed}: "
-            f"{wins}/{len(episodes)} = {wins / len(episodes):.0%} [{low:.0%}-{high:.0%}]"
+            f"the {args.predictor} predictor on the recorded states, {settings.cost} cost, "
+            f"eval.seed {seed}: {wins}/{len(episodes)} = {wins / len(episodes):.0%} "
+            f"[{low:.0%}-{high:.0%}]"
         )
 
 

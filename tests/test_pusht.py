@@ -7,6 +7,7 @@ where gym-pusht is not installed.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -250,7 +251,24 @@ def test_the_state_dynamics_benchmark_trains_on_states_and_plays_the_protocol(pu
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "clips of 6 states; 2 steps of 256" in done.stdout
+    assert "held out, 5 blocks on: agent " in done.stdout
     assert "eval.seed 1000: " in done.stdout and "eval.seed 2000: " in done.stdout
+
+
+def test_the_block_frame_predictor_trains_again_on_its_planners_plays(pusht_run):
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "pusht_state_dynamics.py"), str(pusht_run),
+         "--steps", "2", "--predictor", "block-frame", "--planner-rounds", "1",
+         "--planner-episodes", "2", "--set", "eval.step_budget=30"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    sizes = re.findall(r"([\d,]+) clips of 6 states; 2 steps of 512", done.stdout)
+    first, second = (int(size.replace(",", "")) for size in sizes)
+    assert "round 1: 2 plays of the planner" in done.stdout
+    assert second == first + 2 * 5  # a 30-step budget: 5 clips of five 5-step blocks a play
+    assert "the block-frame predictor on the recorded states" in done.stdout
 
 
 def test_a_predictor_trains_on_the_runs_frozen_encoder_and_agent_state_norm(pusht_run, tmp_path):
