@@ -337,3 +337,43 @@ def test_the_planner_data_benchmark_records_the_planners_steps_from_training_sta
         np.testing.assert_allclose(played["state"][0], start.state, atol=1e-3)
         assert np.isfinite(played["action"][:-1]).all() and np.isnan(played["action"][-1]).all()
         assert not np.array_equal(played["state"][0], played["state"][-1]), "the planner moved"
+
+
+def test_the_block_frame_predictor_moves_with_the_t():
+    """Turned and shifted with the T, agent and targets, its prediction turns and shifts alike."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from pusht_state_dynamics import VELOCITY_UNIT, BlockFrameDynamics
+
+    torch.manual_seed(0)
+    units = [20.0, 20.0, 20.0, 20.0, float(pusht.SUCCESS_ANGLE)]
+    model = BlockFrameDynamics(units, 5, torch.zeros(8), torch.ones(8)).double()
+    turn, shift = 0.7, torch.tensor([30.0, -45.0], dtype=torch.float64)
+    rotation = torch.tensor([[np.cos(turn), -np.sin(turn)], [np.sin(turn), np.cos(turn)]])
+
+    def scene(agent, block, angle, velocity, targets):
+        latent = torch.cat(
+            [
+                agent / 20,
+                block / 20,
+                torch.stack([angle.cos(), angle.sin()]) / units[4],
+                velocity / VELOCITY_UNIT,
+            ]
+        )
+        return latent, (targets / (pusht.ARENA / 2) - 1).reshape(-1)  # fmt: skip
+
+    def moved(points):
+        return points @ rotation.T + shift
+
+    agent, block = torch.tensor([200.0, 260.0]), torch.tensor([240.0, 250.0])
+    angle, velocity = torch.tensor(0.3), torch.tensor([50.0, -20.0])
+    targets = torch.tensor([[210.0, 262.0], [220, 262], [230, 261], [240, 260], [250, 259]])
+    before = scene(*(x.double() for x in (agent, block, angle, velocity, targets)))
+    after = scene(moved(agent.double()), moved(block.double()), angle.double() + turn,
+                  velocity.double() @ rotation.T, moved(targets.double()))  # fmt: skip
+    with torch.no_grad():
+        predicted, predicted_after = model.predict(*before), model.predict(*after)
+    assert torch.allclose(predicted_after[0:2] * 20, moved(predicted[0:2] * 20), atol=1e-6)
+    assert torch.allclose(predicted_after[2:4] * 20, moved(predicted[2:4] * 20), atol=1e-6)
+    angles = [torch.atan2(p[5], p[4]) for p in (predicted, predicted_after)]
+    assert torch.isclose((angles[1] - angles[0]) % (2 * np.pi), torch.tensor(turn).double())
+    assert torch.allclose(predicted_after[6:8], predicted[6:8] @ rotation.T, atol=1e-9)
