@@ -42,7 +42,7 @@ from swmcli.models.rollout import encode_observation
 from swmcli.models.runner import make_runner
 from swmcli.planning import planners
 from swmcli.planning.goals import goal_episodes, wilson_interval
-from swmcli.planning.planners import latent_costs
+from swmcli.planning.planners import block_costs, latent_costs
 
 ACTION_DIM = 2
 
@@ -110,7 +110,7 @@ class Criterion:
 
     def costs(self, observed: list[list], goal, cost: str, _weight) -> torch.Tensor:
         per_block = np.array([[criterion_cost(state, goal) for state in row] for row in observed])
-        return torch.tensor(per_block[:, -1] if cost == "terminal" else per_block.mean(1))
+        return block_costs(torch.tensor(per_block), cost)
 
 
 class RunLatent:
@@ -176,7 +176,8 @@ def play(cfg, episode, settings, plan_from, on_step=None) -> bool:
     steps, reached = 0, False
     try:
         while steps < budget:
-            plan = plan_from(env.unwrapped, mean, generator)
+            blocks_left = -(-(budget - steps) // cfg.data.frameskip)  # no plan past the budget
+            plan = plan_from(env.unwrapped, mean[:blocks_left], generator)
             executed = min(settings.replan_every, len(plan))
             mean = torch.cat([plan[executed:], torch.zeros_like(plan[:executed])])
             for action in plan[:executed].reshape(-1, ACTION_DIM).numpy():

@@ -458,9 +458,10 @@ class EvalConfig(Section):
     noise_beta: float = Field(
         2.0, ge=0, description="colored sampling noise, 1/f^beta along time (0 white, iCEM 2)"
     )
-    cost: Literal["terminal", "trajectory"] = Field(
+    cost: Literal["terminal", "trajectory", "reach"] = Field(
         "trajectory",
-        description="latent distance to the goal at the last or every planned block",
+        description="latent distance to the goal at the last planned block, averaged over every "
+        "block, or the closest any block comes (reach: success counts at any step)",
     )
     replan_every: PositiveInt = Field(1, description="planned blocks executed before replanning")
     shrink_horizon: bool = Field(

@@ -24,7 +24,13 @@ from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.runner import make_runner
 from swmcli.models.world_model import build_world_model
 from swmcli.planning.episodes import run_episodes
-from swmcli.planning.planners import PlannerSettings, RecedingHorizon, cem, plan_costs
+from swmcli.planning.planners import (
+    PlannerSettings,
+    RecedingHorizon,
+    block_costs,
+    cem,
+    plan_costs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -104,9 +110,17 @@ def test_cem_beats_random_plans_under_the_model(tiny_run):
 
 
 @pytest.mark.parametrize(
-    ("shrink", "horizons"), [(False, [3, 3, 3, 3, 3]), (True, [3, 2, 1, 3, 2])]
+    ("shrink", "budget", "horizons"),
+    [
+        (False, None, [3, 3, 3, 3, 3]),
+        (True, None, [3, 2, 1, 3, 2]),
+        (False, 5, [3, 3, 3, 2, 1]),  # five blocks of budget: the last plans stop at its end
+        (True, 5, [3, 2, 1, 2, 1]),
+    ],
 )
-def test_shrink_horizon_plans_toward_the_previous_plans_deadline(tiny_run, shrink, horizons):
+def test_plans_aim_at_the_previous_plans_deadline_and_never_past_the_budget(
+    tiny_run, shrink, budget, horizons
+):
     cfg = resolve_config("tiny")
     runner = make_runner()
     model, state = load_model(tiny_run, cfg, runner)
@@ -116,7 +130,7 @@ def test_shrink_horizon_plans_toward_the_previous_plans_deadline(tiny_run, shrin
         action_dim=shape["action_dim"],
     )  # fmt: skip
     block = shape["frameskip"] * shape["action_dim"]
-    planner = RecedingHorizon(model, "cem", settings, block, seed=0)
+    planner = RecedingHorizon(model, "cem", settings, block, seed=0, budget_blocks=budget)
     searched = []  # the horizon of each search: the length of its warm start
     search = planner.plan_once
     planner.plan_once = lambda *args: searched.append(len(args[3])) or search(*args)
@@ -148,6 +162,15 @@ def test_proprio_weight_scales_only_the_agent_state_part_of_the_cost():
         double = plan_costs(model, latent, goal, plans, "trajectory", proprio_weight=2.0)
     torch.testing.assert_close(double - visual, 2 * (base - visual))
     assert (base > visual).all()
+
+
+def test_each_cost_reads_the_blocks_its_own_way():
+    # distances to the goal after each of three blocks: passes through it, ends near it, stays off
+    distances = torch.tensor([[4.0, 0.0, 5.0], [3.0, 2.0, 1.0], [2.0, 2.0, 2.0]])
+    assert block_costs(distances, "terminal").tolist() == [5.0, 1.0, 2.0]
+    assert block_costs(distances, "trajectory").tolist() == [3.0, 2.0, 2.0]
+    assert block_costs(distances, "reach").tolist() == [0.0, 1.0, 2.0]
+    assert block_costs(distances, "reach").argmin() == 0  # the plan that passes through the goal
 
 
 def test_open_loop_error_reads_the_held_out_training_clips(tiny_run):

@@ -73,7 +73,8 @@ def planner_actor(model, cfg: SwmConfig, runner, shape, env, episode):
         return lambda observation: [policy(observation)]
     settings = planner_settings(cfg.eval, shape["action_dim"])
     block = shape["frameskip"] * shape["action_dim"]
-    planner = RecedingHorizon(model, cfg.eval.planner, settings, block, episode.seed)
+    budget_blocks = -(-eval_budget(cfg) // shape["frameskip"])
+    planner = RecedingHorizon(model, cfg.eval.planner, settings, block, episode.seed, budget_blocks)
     # The agent's state goes to the planner only for a model trained with it.
     keys = ["pixels", "proprio"] if cfg.model.proprio else ["pixels"]
     goal = {"pixels": episode.goal_pixels, "proprio": episode.goal_proprio}

@@ -3,8 +3,10 @@
 A plan is ``horizon`` action blocks (each ``frameskip * action_dim`` values in [-1, 1]). Candidate
 plans are rolled out by the world model from the current latent, all candidates of an iteration
 in one batched call per predicted block. A plan's cost is the squared latent distance to the goal
-image's latent: at the last predicted latent (``terminal``, LeWM's cost) or averaged over every
-predicted latent (``trajectory``, which prefers plans that get close early and stay close). A
+image's latent: at the last predicted latent (``terminal``, LeWM's cost), averaged over every
+predicted latent (``trajectory``, which prefers plans that get close early and stay close), or the
+closest any predicted latent comes (``reach``: where success counts at any step, a plan that
+passes through the goal is as good as one that ends there). A
 model trained with ``model.proprio`` carries the agent's state in the last ``proprio_dims``
 values of its latent; their share of the distance is weighted by ``proprio_weight`` (DINO-WM's
 proprio term).
@@ -66,8 +68,14 @@ def latent_costs(
     proprio_dims = getattr(model, "proprio_dims", 0)
     if proprio_dims and proprio_weight != 1.0:
         squared[..., -proprio_dims:] *= proprio_weight
-    distances = squared.sum(-1)  # (S, H)
-    return distances[:, -1] if cost == "terminal" else distances.mean(-1)
+    return block_costs(squared.sum(-1), cost)
+
+
+def block_costs(distances: torch.Tensor, cost: str) -> torch.Tensor:
+    """Each plan's cost from its distances to the goal after each block ``(S, H)``."""
+    if cost == "terminal":
+        return distances[:, -1]
+    return distances.amin(-1) if cost == "reach" else distances.mean(-1)
 
 
 def colored_noise(count: int, steps: int, dims: int, beta: float, generator, device):
@@ -147,9 +155,20 @@ def planner_settings(e, action_dim: int) -> PlannerSettings:
 
 
 class RecedingHorizon:
-    """Plans toward one goal, some blocks at a time, reusing the previous plan as a warm start."""
+    """Plans toward one goal, some blocks at a time, reusing the previous plan as a warm start.
 
-    def __init__(self, model, planner: str, settings: PlannerSettings, block: int, seed: int):
+    With ``budget_blocks`` (the episode's budget in blocks) no plan reaches past the budget: near
+    its end the horizon is the blocks left, so no cost counts a block that will never run."""
+
+    def __init__(
+        self,
+        model,
+        planner: str,
+        settings: PlannerSettings,
+        block: int,
+        seed: int,
+        budget_blocks: int | None = None,
+    ):
         self.model = model
         self.plan_once = PLANNERS[planner]
         self.settings = settings
@@ -157,6 +176,8 @@ class RecedingHorizon:
         self.generator = None
         self.seed = seed
         self.mean = None
+        self.budget_blocks = budget_blocks  # None: no end to plan toward
+        self.blocks_left = budget_blocks
 
     def reset(self, goal_pixels: torch.Tensor, goal_proprio: torch.Tensor | None = None) -> None:
         """A new episode: encode the goal image ``(H, W, 3)`` uint8 on the device (and the
@@ -165,15 +186,17 @@ class RecedingHorizon:
         self.goal = self._encode(goal_pixels, goal_proprio)
         self.mean = torch.zeros(self.settings.horizon, self.block, device=device)
         self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        self.blocks_left = self.budget_blocks
 
     def act(self, pixels: torch.Tensor, proprio: torch.Tensor | None = None) -> torch.Tensor:
         """The blocks ``(replan_every, block)`` to execute now, from the frame ``(H, W, 3)``
         (and the agent's state)."""
         latent = self._encode(pixels, proprio)
-        plan = self.plan_once(
-            self.model, latent, self.goal, self.mean, self.settings, self.generator
-        )
+        mean = self.mean if self.blocks_left is None else self.mean[: self.blocks_left]
+        plan = self.plan_once(self.model, latent, self.goal, mean, self.settings, self.generator)
         executed = min(self.settings.replan_every, len(plan))
+        if self.blocks_left is not None:
+            self.blocks_left -= executed
         rest = plan[executed:]
         if self.settings.shrink_horizon:
             # The same deadline: the rest of this plan is the next one's horizon and warm start.
