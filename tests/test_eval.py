@@ -1,6 +1,7 @@
 """`swm eval RUN_DIR` end to end on a tiny run: open-loop error, planning, pictures, errors."""
 
 import json
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from swmcli.models.runner import make_runner
 from swmcli.models.world_model import build_world_model
 from swmcli.planning.episodes import run_episodes
 from swmcli.planning.planners import (
+    PLANNERS,
     PlannerSettings,
     RecedingHorizon,
     block_costs,
@@ -254,7 +256,14 @@ def test_dataset_protocol_starts_from_recorded_states_with_goals_offset_ahead(ti
     reader.close()
 
 
-def test_dataset_protocol_respects_the_budget_and_plays_random_on_the_same_episodes(tiny_run):
+def test_dataset_protocol_respects_the_budget_and_plays_random_on_the_same_episodes(
+    tiny_run, monkeypatch
+):
+    searched = []  # the horizon of each search: budget 3 = horizon 3, so 3, 2, 1 per episode
+    search = PLANNERS["cem"]
+    monkeypatch.setitem(
+        PLANNERS, "cem", lambda *args: searched.append(len(args[3])) or search(*args)
+    )
     flags = {
         "eval.protocol": "dataset",
         "eval.goal_offset": 4,
@@ -273,6 +282,8 @@ def test_dataset_protocol_respects_the_budget_and_plays_random_on_the_same_episo
         planned = run_episodes(model, cfg, runner, state["model_args"], episodes)
     random = run_episodes(None, cfg, runner, state["model_args"], episodes)
     assert max(planned["steps"] + random["steps"]) <= 3
+    assert 2 in searched  # no plan past the budget: each episode's plans shrink to its end
+    assert all(now in (3, before - 1) for before, now in pairwise(searched))
     for (plan_frames, plan_goal, _), (random_frames, random_goal, _) in zip(
         planned["recorded"], random["recorded"], strict=True
     ):

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from swmcli.envs.policies import make_policy
 from swmcli.errors import UsageError
 from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.runner import make_runner
+from swmcli.planning import planners
 from swmcli.planning.episodes import run_episodes
 
 TINY = {
@@ -225,6 +227,23 @@ def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protoco
     )  # fmt: skip
     assert other_env.returncode != 0 and "Traceback" not in other_env.stderr
     assert "gym-pusht's physics only" in other_env.stderr and "hint:" in other_env.stderr
+
+
+def test_the_benchmarks_plays_never_plan_past_the_budget(pusht_run):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import pusht_oracle
+
+    cfg = _cfg(pusht_run)  # budget 8 env steps, blocks of 5: two blocks, the second cut short
+    settings = replace(planners.planner_settings(cfg.eval, 2), horizon=5, replan_every=1)
+    horizons, steps = [], []
+
+    def plan_from(_env, mean, _generator):
+        horizons.append(len(mean))
+        return torch.zeros_like(mean)
+
+    episode = _goal_episodes(cfg)[0]
+    pusht_oracle.play(cfg, episode, settings, plan_from, on_step=lambda *_: steps.append(1))
+    assert horizons == [2, 1] and len(steps) == 8
 
 
 def test_the_latent_reads_the_blocks_pose_and_plans_with_it(pusht_run, tmp_path):
