@@ -4,7 +4,7 @@ recorded state as a training target").
 
     PYTHONPATH=. python benchmarks/pusht_state_dynamics.py RUN [--data DATA] [--steps 6000]
         [--predictor transformer|block-frame] [--planner-rounds 0] [--planner-episodes 600]
-        [--set KEY=VALUE ...]
+        [--reader-steps 0] [--set KEY=VALUE ...]
 
 Trains a predictor on DATA's training episodes (default: RUN's data), its "latents" the recorded
 ``state`` in ``model.state_units`` with ``model.state_angles`` on the circle
@@ -21,8 +21,12 @@ trains on the data and every round's plays (the planner's own plans as data, in 
 Then plays RUN's dataset protocol (its start rows and goals, budget and planner, as ``swm eval
 RUN --set`` resolves them) planning from the exact state after every plan; the cost counts the
 state's features only (the success criterion's units), not the velocity. No pixels: the gap
-between this and the physics ceiling (``pusht_oracle.py``) is the learned dynamics' alone. Needs
-gym-pusht.
+between this and the physics ceiling (``pusht_oracle.py``) is the learned dynamics' alone. With
+``--reader-steps N``, pixels after all: a CNN (``pusht_reader.py``) trained N steps to read the
+T's pose from the training episodes' frames, and the planner starts from the T it reads from the
+frame the env draws and aims at the T it reads from the goal image, the agent's position and
+velocity its observation's (docs/bring-your-env.md, "The T read from the frames by a CNN of its
+own"). Needs gym-pusht.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pusht_oracle
 import torch
+from pusht_reader import train_reader
 from rich.console import Console
 from torch import nn
 
@@ -229,19 +234,34 @@ def held_out_errors(model, latents, blocks, units: list[float], console: Console
         )
 
 
-def plan_from_state(physics, mean, generator, model, features, goal, settings) -> torch.Tensor:
-    """CEM's plan from the env's exact current state, with the learned predictor."""
-    latent = latents_of(
-        features, pusht_oracle.state_of(physics).astype(np.float32), pusht.proprio(physics)
-    )[None]
+def plan_from_state(
+    physics, mean, generator, model, features, goal, settings, reader=None
+) -> torch.Tensor:
+    """CEM's plan from the env's exact current state, with the learned predictor; with a
+    ``reader`` (``pusht_reader.PoseReader``), from the T's pose it reads from the frame the env
+    draws, the agent's from its proprio."""
+    proprio = pusht.proprio(physics)
+    if reader is None:
+        state = pusht_oracle.state_of(physics).astype(np.float32)
+    else:
+        state = reader.read(pusht.frame(physics), proprio[:2])
+    latent = latents_of(features, state, proprio)[None]
     with torch.inference_mode():
         return planners.cem(model, latent, goal, mean, settings, generator)
 
 
-def planner(model, features, settings, episode):
-    """``pusht_oracle.play``'s planner toward ``episode``'s goal state."""
-    goal = latents_of(features, episode.goal_state, np.zeros(4, np.float32))[None]
-    return partial(plan_from_state, model=model, features=features, goal=goal, settings=settings)
+def planner(model, features, settings, episode, reader=None):
+    """``pusht_oracle.play``'s planner toward ``episode``'s goal state (with a ``reader``: the
+    T's pose read from the goal image, the agent's the goal's proprio)."""
+    if reader is None:
+        goal_state = episode.goal_state
+    else:
+        goal_state = reader.read(episode.goal_pixels, episode.goal_proprio[:2])
+    goal = latents_of(features, goal_state, np.zeros(4, np.float32))[None]
+    return partial(
+        plan_from_state, model=model, features=features, goal=goal, settings=settings,
+        reader=reader,
+    )  # fmt: skip
 
 
 def planner_clips(model, cfg, features, starts) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,6 +316,10 @@ def main() -> None:
     parser.add_argument(
         "--eval-seeds", type=int, nargs="+", help="eval.seed of each set of start rows"
     )
+    parser.add_argument(
+        "--reader-steps", type=int, default=0,
+        help="plan from the T read from the frames by a CNN trained this many steps (0: exact)",
+    )  # fmt: skip
     parser.add_argument("--set", action="append", default=[], dest="overrides")
     args = parser.parse_args()
     sets = [*args.overrides, "eval.proprio_weight=0"]  # the velocity: an input, not a cost
@@ -322,6 +346,10 @@ def main() -> None:
         latents, blocks = torch.cat([latents, played[0]]), torch.cat([blocks, played[1]])
         console.print(f"round {round_}: {len(starts)} plays of the planner")
         model = fit(args.predictor, cfg, units, (latents, blocks), held, args.steps, console)
+    reader, source = None, "the recorded states"
+    if args.reader_steps:
+        reader = train_reader(data, training, heldout, args.reader_steps, console)
+        source = "the T read from the frames"
     settings = planners.planner_settings(cfg.eval, ACTION_DIM)
     for seed in args.eval_seeds or [cfg.eval.seed]:
         cfg = load_run_config(args.run, sets=[*sets, f"eval.seed={seed}"])
@@ -329,12 +357,12 @@ def main() -> None:
         wins = 0
         for index, episode in enumerate(episodes, 1):
             wins += pusht_oracle.play(
-                cfg, episode, settings, planner(model, features, settings, episode)
+                cfg, episode, settings, planner(model, features, settings, episode, reader)
             )
             console.print(f"{index}/{len(episodes)}: {wins} reached", highlight=False)
         low, high = wilson_interval(wins, len(episodes))
         console.print(
-            f"the {args.predictor} predictor on the recorded states, {settings.cost} cost, "
+            f"the {args.predictor} predictor on {source}, {settings.cost} cost, "
             f"eval.seed {seed}: {wins}/{len(episodes)} = {wins / len(episodes):.0%} "
             f"[{low:.0%}-{high:.0%}]"
         )

@@ -290,6 +290,66 @@ def test_the_block_frame_predictor_trains_again_on_its_planners_plays(pusht_run)
     assert "the block-frame predictor on the recorded states" in done.stdout
 
 
+def test_the_state_benchmark_plans_from_the_t_its_reader_reads(pusht_run):
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "pusht_state_dynamics.py"), str(pusht_run),
+         "--steps", "2", "--predictor", "block-frame", "--reader-steps", "2"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"the reader: [\d,]+ frames; 2 steps of 128", done.stdout)
+    assert re.search(r"the reader, held-out frames: T [\d.]+ px, angle [\d.]+ degrees", done.stdout)
+    assert "the block-frame predictor on the T read from the frames" in done.stdout
+
+
+def test_the_planner_plans_from_the_pose_the_reader_reads_not_the_envs(pusht_run, monkeypatch):
+    """A reader that always reads one pose: the plan starts from it and aims at it, whatever the
+    env's state and the goal's, and the agent's position and velocity are the env's own."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import pusht_oracle
+    import pusht_state_dynamics as bench
+    from pusht_reader import PoseReader, pose_features
+
+    cfg = _cfg(pusht_run)
+    units = [20.0, 20.0, 20.0, 20.0, float(pusht.SUCCESS_ANGLE)]
+    features = bench.StateFeatures(5, units, [4])
+    read_pose = torch.tensor([[0.0, 0.0, 111.0, 222.0, 2.5]])
+    reader = PoseReader(32).eval()
+    torch.nn.init.zeros_(reader.head[-1].weight)
+    torch.nn.init.zeros_(reader.head[-1].bias)
+    reader.mean.copy_(pose_features(read_pose)[0])  # its output: the mean, this pose
+    episode = _goal_episodes(cfg)[0]
+    read = reader.read(episode.goal_pixels, episode.goal_proprio[:2])
+    np.testing.assert_allclose(read, [*episode.goal_proprio[:2], 111.0, 222.0, 2.5], rtol=1e-5)
+
+    seen = []
+    real_cem = bench.planners.cem
+
+    def spy(model, latent, goal, *args):
+        seen.append((latent.clone(), goal.clone()))
+        return real_cem(model, latent, goal, *args)
+
+    monkeypatch.setattr(bench.planners, "cem", spy)
+    model = bench.BlockFrameDynamics(units, 5, torch.zeros(8), torch.ones(8))
+    settings = planners.planner_settings(cfg.eval, 2)
+    starts = []
+
+    def first_state(env, _action):
+        if not starts:
+            starts.append((pusht_oracle.state_of(env), pusht.proprio(env)))
+
+    plan = bench.planner(model, features, settings, episode, reader)
+    pusht_oracle.play(cfg, episode, settings, plan, on_step=first_state)
+    latent, goal = seen[0]
+    (state, proprio), pose = starts[0], features(read_pose)[0, 2:6]
+    assert torch.allclose(latent[0, 2:6], pose) and torch.allclose(goal[0, 2:6], pose)
+    assert np.linalg.norm(state[2:4] - [111.0, 222.0]) > 1  # the env's T is elsewhere
+    expected = bench.latents_of(features, state, proprio)
+    assert torch.allclose(latent[0, :2], expected[:2])  # the agent's position, its velocity
+    assert torch.allclose(latent[0, 6:], expected[6:])
+
+
 def test_a_predictor_trains_on_the_runs_frozen_encoder_and_agent_state_norm(pusht_run, tmp_path):
     from swmcli.commands.train import run_train
     from swmcli.training.checkpoints import load_checkpoint
