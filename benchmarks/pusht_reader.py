@@ -21,6 +21,7 @@ from torch import nn
 
 from swmcli.data.formats import open_reader
 from swmcli.models.encoder import cnn_stages
+from swmcli.models.world_model import normalize_pixels
 
 POSITION_UNIT, ANGLE_UNIT = 20.0, math.pi / 9  # the success region
 BATCH = 128
@@ -72,7 +73,7 @@ class PoseReader(nn.Module):
         self.register_buffer("std", torch.ones(4))
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        frames = (pixels.permute(0, 3, 1, 2).float() / 255.0 - 0.5) / 0.25
+        frames = normalize_pixels(pixels)
         coordinates = self.coordinates.expand(len(frames), -1, -1, -1)
         return self.head(self.features(torch.cat([frames, coordinates], 1))) * self.std + self.mean
 
