@@ -3,16 +3,15 @@ state (``pusht_state_dynamics.py --reader-steps``; docs/bring-your-env.md, "The 
 frames by a CNN of its own").
 
 The agent's position and velocity come with every observation (``proprio``); the T's pose is
-what only the pixels show. The reader is a small CNN (a full-resolution stage, then stride-2
-stages down to 4 x 4, the pixel coordinates as two more input channels, an MLP head) trained
-alone, with the squared error in the success criterion's units (position over 20 px, the
+what only the pixels show. The reader is the Push-T state model's (``swmcli.models.pusht_state``:
+a full-resolution stage, then stride-2 stages down to 4 x 4, the pixel coordinates as two more
+input channels, an MLP head), trained here alone, its output scaled by the training targets'
+spread, with the squared error in the success criterion's units (position over 20 px, the
 angle's cosine and sine over pi/9), on the training episodes' frames; its error is measured on
 the held-out episodes' frames.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -20,71 +19,19 @@ from rich.console import Console
 from torch import nn
 
 from swmcli.data.formats import open_reader
-from swmcli.models.encoder import cnn_stages
-from swmcli.models.world_model import normalize_pixels
+from swmcli.models.pusht_state import POSITION_UNIT, PoseReader, pose_features
 
-POSITION_UNIT, ANGLE_UNIT = 20.0, math.pi / 9  # the success region
 BATCH = 128
 
 
-def pose_features(state: torch.Tensor) -> torch.Tensor:
-    """gym-pusht's state ``(N, 5)`` -> the T's x, y, cos, sin ``(N, 4)``, the criterion's units."""
-    angle = state[:, 4]
-    return torch.stack(
-        [
-            state[:, 2] / POSITION_UNIT,
-            state[:, 3] / POSITION_UNIT,
-            angle.cos() / ANGLE_UNIT,
-            angle.sin() / ANGLE_UNIT,
-        ],
-        dim=1,
-    )
-
-
-class PoseReader(nn.Module):
-    """uint8 frames ``(N, H, W, 3)`` -> the T's pose features ``(N, 4)`` (``pose_features``)."""
-
-    def __init__(self, resolution: int, width: int = 16):
-        super().__init__()
-        channels_in = 5  # the colours and the pixel coordinates
-        layers: list[nn.Module] = [
-            nn.Conv2d(channels_in, width, 3, padding=1),
-            nn.GroupNorm(8, width),
-            nn.GELU(),
-        ]
-        channels_in, side = width, resolution
-        for stage in range(cnn_stages(resolution)):
-            channels_out = width * 2 ** min(stage, 2)
-            layers += [
-                nn.Conv2d(channels_in, channels_out, 3, stride=2, padding=1),
-                nn.GroupNorm(8, channels_out),
-                nn.GELU(),
-            ]
-            channels_in, side = channels_out, (side + 1) // 2
-        self.features = nn.Sequential(*layers)
-        self.head = nn.Sequential(
-            nn.Flatten(), nn.Linear(channels_in * side * side, 256), nn.GELU(), nn.Linear(256, 4)
-        )
-        ys, xs = torch.meshgrid(
-            torch.linspace(-1, 1, resolution), torch.linspace(-1, 1, resolution), indexing="ij"
-        )
-        self.register_buffer("coordinates", torch.stack([xs, ys])[None])
-        self.register_buffer("mean", torch.zeros(4))
-        self.register_buffer("std", torch.ones(4))
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        frames = normalize_pixels(pixels)
-        coordinates = self.coordinates.expand(len(frames), -1, -1, -1)
-        return self.head(self.features(torch.cat([frames, coordinates], 1))) * self.std + self.mean
-
-    def read(self, pixels: np.ndarray, agent: np.ndarray) -> np.ndarray:
-        """gym-pusht's state ``[agent x, y, T x, y, angle]`` of one frame: the agent's given
-        (its ``proprio``), the T's read."""
-        with torch.inference_mode():
-            x, y, cos, sin = self(torch.as_tensor(pixels)[None])[0]
-        angle = torch.atan2(sin, cos)
-        pose = [x * POSITION_UNIT, y * POSITION_UNIT, angle]
-        return np.array([agent[0], agent[1], *pose], np.float32)
+def read_state(model: PoseReader, pixels: np.ndarray, agent: np.ndarray) -> np.ndarray:
+    """gym-pusht's state ``[agent x, y, T x, y, angle]`` of one frame: the agent's given (its
+    ``proprio``), the T's read."""
+    with torch.inference_mode():
+        x, y, cos, sin = model(torch.as_tensor(pixels)[None])[0]
+    angle = torch.atan2(sin, cos)
+    pose = [x * POSITION_UNIT, y * POSITION_UNIT, angle]
+    return np.array([agent[0], agent[1], *pose], np.float32)
 
 
 def frames_and_states(path, episodes) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,13 +7,13 @@ recorded state as a training target").
         [--reader-steps 0] [--set KEY=VALUE ...]
 
 Trains a predictor on DATA's training episodes (default: RUN's data), its "latents" the recorded
-``state`` in ``model.state_units`` with ``model.state_angles`` on the circle
-(``models.state.StateFeatures``, as ``model.state_weight`` reads them from frames), then the
-agent's velocity from ``proprio``; clips of 6 observations ``data.frameskip`` env steps apart,
-with the one-step and the five-block loss. The predictor is swm's (``transformer``, RUN's size)
-or ``block-frame``: a Markov MLP that sees the agent, its velocity and the action's targets in
-the T's own frame and moves the T there (pushing is the same anywhere in the arena and at any
-angle; the transformer must learn that from data). Prints its held-out errors in pixels and
+``state`` in the success criterion's units (20 px, the angle's cosine and sine over pi/9;
+``models.state.StateFeatures``), then the agent's velocity from ``proprio``; clips of 6
+observations ``data.frameskip`` env steps apart, with the one-step and the five-block loss. The
+predictor is swm's (``transformer``, RUN's size) or ``block-frame`` (the Push-T state model's,
+``swmcli.models.pusht_state``): a Markov MLP that sees the agent, its velocity and the action's
+targets in the T's frame and moves the T there (pushing is the same anywhere in the arena and at
+any angle; the transformer must learn that from data). Prints its held-out errors in pixels and
 degrees, one block and five blocks on. With ``--planner-rounds K``, K times: the predictor's
 planner plays ``--planner-episodes`` start rows drawn from the training episodes (never the
 held-out ones) for the whole budget, every state and action recorded, and a fresh predictor
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pusht_oracle
 import torch
-from pusht_reader import train_reader
+from pusht_reader import read_state, train_reader
 from rich.console import Console
 from torch import nn
 
@@ -47,15 +47,20 @@ from swmcli.data.clips import heldout_split
 from swmcli.data.formats import open_reader
 from swmcli.envs import pusht
 from swmcli.models.predictor import Predictor
+from swmcli.models.pusht_state import (
+    ACTION_DIM,
+    ANGLE_UNIT,
+    POSITION_UNIT,
+    VELOCITY_UNIT,
+    BlockFrameDynamics,
+)
 from swmcli.models.rollout import rollout
 from swmcli.models.state import StateFeatures
 from swmcli.planning import planners
 from swmcli.planning.goals import dataset_episodes, goal_episodes, wilson_interval
 
 CLIP = 6  # observations: five blocks, the planning horizon
-VELOCITY_UNIT = 400.0  # px/s: the agent's velocity, an input only
-ACTION_DIM = 2
-FRAME_UNIT = 100.0  # px: positions in the T's frame, as the block-frame MLP sees them
+UNITS = [POSITION_UNIT] * 4 + [ANGLE_UNIT]  # gym-pusht's state: the success region
 
 
 class StateDynamics(nn.Module):
@@ -82,72 +87,24 @@ class StateDynamics(nn.Module):
         return self.predictor(latents, actions)
 
 
-def turn(points: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Points ``(..., 2)`` turned by the angle of that cosine and sine ``(...)``."""
-    x, y = points[..., 0], points[..., 1]
-    return torch.stack([cos * x - sin * y, sin * x + cos * y], dim=-1)
-
-
-class BlockFrameDynamics(nn.Module):
-    """A Markov predictor in the T's frame: from one observation's features and its action
-    block, an MLP sees the agent (relative to the T), its velocity and the block's targets, all
-    turned into the T's frame, and gives the agent's next position and velocity and the T's
-    move and turn there; they are turned back into the arena. Pushing is then the same wherever
-    the T lies and however it is turned. ``standardized`` as ``StateDynamics``'s."""
+class StandardizedBlockFrame(nn.Module):
+    """The Push-T state model's block-frame predictor (``pusht_state.BlockFrameDynamics``: a
+    Markov MLP that sees the agent, its velocity and the block's targets in the T's own frame),
+    with ``StateDynamics``' ``standardized``."""
 
     proprio_dims = 2
     context_len = 1
     batch = 512
 
-    def __init__(self, units: list[float], frameskip: int, mean, std, width: int = 256):
+    def __init__(self, frameskip: int, mean, std):
         super().__init__()
-        self.position_unit, self.angle_unit = units[0], units[4]
-        self.frameskip = frameskip
-        self.net = nn.Sequential(
-            nn.Linear(4 + 2 * frameskip, width),
-            nn.GELU(),
-            nn.Linear(width, width),
-            nn.GELU(),
-            nn.Linear(width, width),
-            nn.GELU(),
-            nn.Linear(width, 7),
-        )
+        self.dynamics = BlockFrameDynamics(frameskip)
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
 
     def predict(self, latents: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Each observation's next features ``(..., 8)`` from its own and its block's."""
-        unit = self.position_unit
-        agent, block = latents[..., 0:2] * unit, latents[..., 2:4] * unit
-        velocity = latents[..., 6:8] * VELOCITY_UNIT
-        angle = torch.atan2(latents[..., 5], latents[..., 4])
-        cos, sin = angle.cos(), angle.sin()
-        targets = (actions.unflatten(-1, (self.frameskip, ACTION_DIM)) + 1) * pusht.ARENA / 2
-        # Into the T's frame: relative to the T, turned back by its angle.
-        agent_seen = turn(agent - block, cos, -sin)
-        targets_seen = turn(targets - block[..., None, :], cos[..., None], -sin[..., None])
-        inputs = [
-            agent_seen / FRAME_UNIT,
-            turn(velocity, cos, -sin) / VELOCITY_UNIT,
-            targets_seen[..., 0] / FRAME_UNIT,
-            targets_seen[..., 1] / FRAME_UNIT,
-        ]
-        out = self.net(torch.cat(inputs, dim=-1))
-        # Back into the arena.
-        agent = block + turn(agent_seen + out[..., 0:2] * FRAME_UNIT, cos, sin)
-        velocity = turn(out[..., 2:4] * VELOCITY_UNIT, cos, sin)
-        block = block + turn(out[..., 4:6] * FRAME_UNIT, cos, sin)
-        angle = (angle + out[..., 6])[..., None]
-        return torch.cat(
-            [
-                agent / unit,
-                block / unit,
-                angle.cos() / self.angle_unit,
-                angle.sin() / self.angle_unit,
-                velocity / VELOCITY_UNIT,
-            ],
-            dim=-1,
-        )
+        return self.dynamics(latents, actions)
 
     def standardized(self, latents: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         return (self.predict(latents * self.std + self.mean, actions) - self.mean) / self.std
@@ -244,7 +201,7 @@ def plan_from_state(
     if reader is None:
         state = pusht_oracle.state_of(physics).astype(np.float32)
     else:
-        state = reader.read(pusht.frame(physics), proprio[:2])
+        state = read_state(reader, pusht.frame(physics), proprio[:2])
     latent = latents_of(features, state, proprio)[None]
     with torch.inference_mode():
         return planners.cem(model, latent, goal, mean, settings, generator)
@@ -256,7 +213,7 @@ def planner(model, features, settings, episode, reader=None):
     if reader is None:
         goal_state = episode.goal_state
     else:
-        goal_state = reader.read(episode.goal_pixels, episode.goal_proprio[:2])
+        goal_state = read_state(reader, episode.goal_pixels, episode.goal_proprio[:2])
     goal = latents_of(features, goal_state, np.zeros(4, np.float32))[None]
     return partial(
         plan_from_state, model=model, features=features, goal=goal, settings=settings,
@@ -291,7 +248,7 @@ def fit(kind: str, cfg, units, data, held, steps: int, console: Console):
     flat = latents.reshape(-1, latents.shape[-1])
     mean, std = flat.mean(0), flat.std(0)
     if kind == "block-frame":
-        model = BlockFrameDynamics(units, cfg.data.frameskip, mean, std)
+        model = StandardizedBlockFrame(cfg.data.frameskip, mean, std)
     else:
         model = StateDynamics(cfg, flat.shape[1], blocks.shape[-1], mean, std)
     console.print(f"{len(latents):,} clips of {CLIP} states; {steps:,} steps of {model.batch}")
@@ -332,20 +289,19 @@ def main() -> None:
     torch.set_num_threads(cfg.runtime.cpu_threads or torch.get_num_threads())
     torch.manual_seed(0)
     console = Console(width=120)
-    units = cfg.model.state_units or [20.0, 20.0, 20.0, 20.0, float(pusht.SUCCESS_ANGLE)]
-    features = StateFeatures(5, units, cfg.model.state_angles or [4])
+    features = StateFeatures(5, UNITS, [4])
     data = args.data or cfg.data.path
     training, heldout = heldout_split(open_reader(data).num_episodes, cfg.eval.heldout_episodes)
     latents, blocks = clips(data, training, cfg, features)
     held = clips(data, heldout, cfg, features)
-    model = fit(args.predictor, cfg, units, (latents, blocks), held, args.steps, console)
+    model = fit(args.predictor, cfg, UNITS, (latents, blocks), held, args.steps, console)
     for round_ in range(1, args.planner_rounds + 1):
         draw = {"episodes": args.planner_episodes, "seed": 5000 + 1000 * round_}
         starts = dataset_episodes(data, cfg.eval.model_copy(update=draw), among=training)
         played = planner_clips(model, cfg, features, starts)
         latents, blocks = torch.cat([latents, played[0]]), torch.cat([blocks, played[1]])
         console.print(f"round {round_}: {len(starts)} plays of the planner")
-        model = fit(args.predictor, cfg, units, (latents, blocks), held, args.steps, console)
+        model = fit(args.predictor, cfg, UNITS, (latents, blocks), held, args.steps, console)
     reader, source = None, "the recorded states"
     if args.reader_steps:
         reader = train_reader(data, training, heldout, args.reader_steps, console)

@@ -802,12 +802,14 @@ def preset_path(preset: str) -> Path:
 
 #: The settings of swm's own model (its architecture) and of swm's JEPA loss: a run of a
 #: ``model.factory`` model does not record the first, nor the second when it has its own loss.
+#: ``state_weight`` is kept: it also has the batch carry the data's ``state``, which a model's
+#: own loss may read (a resumed run reads it again).
 SWM_MODEL_SETTINGS = (
     "encoder", "latent_dim", "cnn_width", "vit_patch", "vit_dim", "vit_depth", "vit_heads",
     "predictor_dim", "predictor_depth", "predictor_heads", "state_units", "state_angles",
 )  # fmt: skip
 JEPA_LOSS_SETTINGS = (
-    "regularizer", "regularizer_weight", "rollout_weight", "reconstruction_weight", "state_weight",
+    "regularizer", "regularizer_weight", "rollout_weight", "reconstruction_weight",
 )  # fmt: skip
 
 

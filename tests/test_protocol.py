@@ -50,8 +50,9 @@ def test_a_user_model_trains_with_its_own_loss_and_plans_on_tworoom(
     assert summary["final_consistency"] == rows[-1]["consistency"]
     assert summary["final_loss"] == rows[-1]["loss"] and "final_latent_rank" not in summary
     # The run records the settings that apply to it: none of swm's model's or loss's.
-    # model.proprio applies to a user model too (encode(pixels, proprio)): it is recorded
-    saved = {"factory": f"{MODELS}:build", "kwargs": {}, "proprio": False}
+    # model.proprio applies to a user model too (encode(pixels, proprio)): it is recorded; so
+    # is model.state_weight, which has the batch carry the data's state for its loss
+    saved = {"factory": f"{MODELS}:build", "kwargs": {}, "proprio": False, "state_weight": 0.0}
     assert _saved_model_settings(run_dir) == saved
     # Saved with an absolute path: eval finds the model from anywhere.
     assert load_run_config(run_dir).model.factory == f"{MODELS}:build"

@@ -6,6 +6,7 @@ the random baseline on the same episodes, and data in which the block moves. Ski
 where gym-pusht is not installed.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -309,7 +310,9 @@ def test_the_planner_plans_from_the_pose_the_reader_reads_not_the_envs(pusht_run
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import pusht_oracle
     import pusht_state_dynamics as bench
-    from pusht_reader import PoseReader, pose_features
+    from pusht_reader import read_state
+
+    from swmcli.models.pusht_state import PoseReader, pose_features
 
     cfg = _cfg(pusht_run)
     units = [20.0, 20.0, 20.0, 20.0, float(pusht.SUCCESS_ANGLE)]
@@ -320,7 +323,7 @@ def test_the_planner_plans_from_the_pose_the_reader_reads_not_the_envs(pusht_run
     torch.nn.init.zeros_(reader.head[-1].bias)
     reader.mean.copy_(pose_features(read_pose)[0])  # its output: the mean, this pose
     episode = _goal_episodes(cfg)[0]
-    read = reader.read(episode.goal_pixels, episode.goal_proprio[:2])
+    read = read_state(reader, episode.goal_pixels, episode.goal_proprio[:2])
     np.testing.assert_allclose(read, [*episode.goal_proprio[:2], 111.0, 222.0, 2.5], rtol=1e-5)
 
     seen = []
@@ -331,7 +334,7 @@ def test_the_planner_plans_from_the_pose_the_reader_reads_not_the_envs(pusht_run
         return real_cem(model, latent, goal, *args)
 
     monkeypatch.setattr(bench.planners, "cem", spy)
-    model = bench.BlockFrameDynamics(units, 5, torch.zeros(8), torch.ones(8))
+    model = bench.StandardizedBlockFrame(5, torch.zeros(8), torch.ones(8))
     settings = planners.planner_settings(cfg.eval, 2)
     starts = []
 
@@ -418,41 +421,66 @@ def test_the_planner_data_benchmark_records_the_planners_steps_from_training_sta
         assert not np.array_equal(played["state"][0], played["state"][-1]), "the planner moved"
 
 
-def test_the_block_frame_predictor_moves_with_the_t():
-    """Turned and shifted with the T, agent and targets, its prediction turns and shifts alike."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from pusht_state_dynamics import VELOCITY_UNIT, BlockFrameDynamics
+@pytest.fixture(scope="module")
+def pusht_state_run(pusht_run, tmp_path_factory) -> Path:
+    """The pusht-state-64 preset trained on the tiny run's data (80 steps of 4 clips)."""
+    from swmcli.commands.train import run_train
 
-    torch.manual_seed(0)
-    units = [20.0, 20.0, 20.0, 20.0, float(pusht.SUCCESS_ANGLE)]
-    model = BlockFrameDynamics(units, 5, torch.zeros(8), torch.ones(8)).double()
-    turn, shift = 0.7, torch.tensor([30.0, -45.0], dtype=torch.float64)
-    rotation = torch.tensor([[np.cos(turn), -np.sin(turn)], [np.sin(turn), np.cos(turn)]])
+    run = tmp_path_factory.mktemp("pusht-state") / "run"
+    flags = {**TINY, "data.path": _cfg(pusht_run).data.path, "train.out": run}
+    flags |= {"train.steps": 80, "train.batch_size": 4, "train.log_every": 10}
+    flags["model.kwargs"] = {"width": 8, "hidden": 32, "reader_batch": 4}
+    run_train(resolve_config("pusht-state-64", flags=flags), MemoryMonitor())
+    return run
 
-    def scene(agent, block, angle, velocity, targets):
-        latent = torch.cat(
-            [
-                agent / 20,
-                block / 20,
-                torch.stack([angle.cos(), angle.sin()]) / units[4],
-                velocity / VELOCITY_UNIT,
-            ]
-        )
-        return latent, (targets / (pusht.ARENA / 2) - 1).reshape(-1)  # fmt: skip
 
-    def moved(points):
-        return points @ rotation.T + shift
+def test_the_state_preset_learns_the_recorded_state(pusht_state_run):
+    metrics = [json.loads(line) for line in (pusht_state_run / "metrics.jsonl").open()]
+    first, last = metrics[0], metrics[-1]
+    assert last["step"] == 80
+    for term in ("reader", "one_step", "rollout"):
+        assert last[term] < first[term], (term, first, last)
 
-    agent, block = torch.tensor([200.0, 260.0]), torch.tensor([240.0, 250.0])
-    angle, velocity = torch.tensor(0.3), torch.tensor([50.0, -20.0])
-    targets = torch.tensor([[210.0, 262.0], [220, 262], [230, 261], [240, 260], [250, 259]])
-    before = scene(*(x.double() for x in (agent, block, angle, velocity, targets)))
-    after = scene(moved(agent.double()), moved(block.double()), angle.double() + turn,
-                  velocity.double() @ rotation.T, moved(targets.double()))  # fmt: skip
+
+def test_the_state_preset_plans_from_the_frame_and_the_agents_proprio(
+    pusht_state_run, monkeypatch
+):
+    """Its first plan starts from the latent of the frame the env draws and the agent's
+    proprio: the agent's position and velocity over their units, the T the reader reads from
+    the pixels (the recorded state is never an input)."""
+    cfg = _cfg(pusht_state_run)
+    model, _ = load_model(pusht_state_run, cfg, make_runner())
+    episode = _goal_episodes(cfg)[0]
+    seen = []
+    real_cem = planners.cem
+
+    def spy(model, latent, goal, *args):
+        seen.append((latent.clone(), goal.clone()))
+        return real_cem(model, latent, goal, *args)
+
+    monkeypatch.setitem(planners.PLANNERS, "cem", spy)
+    result = run_eval(pusht_state_run, MemoryMonitor())
+    assert result.fields["episodes"] == 3 and 0 <= result.fields["success_rate"] <= 1
+    latent, goal = seen[0]
+    env = make_env(cfg.env.id, 32, 50, seed=0, kwargs=cfg.env.kwargs)
+    env, observation = restore_recorded(env, episode.state, episode.goal_state, seed=0)
+    env.close()
     with torch.no_grad():
-        predicted, predicted_after = model.predict(*before), model.predict(*after)
-    assert torch.allclose(predicted_after[0:2] * 20, moved(predicted[0:2] * 20), atol=1e-6)
-    assert torch.allclose(predicted_after[2:4] * 20, moved(predicted[2:4] * 20), atol=1e-6)
-    angles = [torch.atan2(p[5], p[4]) for p in (predicted, predicted_after)]
-    assert torch.isclose((angles[1] - angles[0]) % (2 * np.pi), torch.tensor(turn).double())
-    assert torch.allclose(predicted_after[6:8], predicted[6:8] @ rotation.T, atol=1e-9)
+        pose = model.reader(torch.as_tensor(observation["pixels"])[None])[0]
+        goal_pose = model.reader(torch.as_tensor(episode.goal_pixels)[None])[0]
+    proprio = torch.as_tensor(observation["proprio"])
+    torch.testing.assert_close(latent[0, :2], proprio[:2] / 20)
+    torch.testing.assert_close(latent[0, 2:6], pose)
+    torch.testing.assert_close(latent[0, 6:], proprio[2:] / 400)
+    torch.testing.assert_close(goal[0, 2:6], goal_pose)
+
+
+def test_memprofile_traces_the_state_presets_loss_on_proprio_and_state():
+    from swmcli.commands.memprofile import run_memprofile
+
+    flags = {**TINY, "memprofile.sample_episodes": 1, "memprofile.predict_for": "cpu"}
+    flags["model.kwargs"] = {"width": 8, "hidden": 32, "reader_batch": 4}
+    result = run_memprofile(resolve_config("pusht-state-64", flags=flags), MemoryMonitor())
+    fields = result.fields
+    assert fields["predicted_train_peak_bytes"] > 0 and fields["predicted_eval_peak_bytes"] > 0
+    assert not [note for note in result.notes if "skipped" in note]

@@ -59,3 +59,23 @@ def test_the_dataset_protocol_restores_its_recorded_states_and_plans(run_dir):
         env.close()
     fields = run_eval(run_dir, MemoryMonitor()).fields
     assert fields["episodes"] == 3 and 0 <= fields["success_rate"] <= 1
+
+
+def test_the_state_preset_trains_and_plans_on_it_with_moves_for_actions(run_dir, tmp_path):
+    """pusht-state-64 on its data: its state (7 values, the agent's velocity last) and actions
+    that move the agent's target from where the agent is (``model.kwargs.action_scale``)."""
+    from swmcli.commands.evaluate import load_model
+    from swmcli.commands.train import run_train
+    from swmcli.models.runner import make_runner
+    from swmcli.training.checkpoints import load_checkpoint
+
+    data = resolve_config(config_file=run_dir / "config.json").data.path
+    flags = {**TINY, "data.path": data, "train.out": tmp_path / "run", "train.batch_size": 4}
+    flags["model.kwargs"] = {"width": 8, "hidden": 32, "reader_batch": 4, "action_scale": 100.0}
+    run_train(resolve_config("pusht-state-64", flags=flags), MemoryMonitor())
+    assert load_checkpoint(tmp_path / "run")["model_args"]["state_size"] == 7
+    cfg = resolve_config(config_file=tmp_path / "run" / "config.json")
+    model, _ = load_model(tmp_path / "run", cfg, make_runner())
+    assert model.dynamics.action_scale == 100.0
+    fields = run_eval(tmp_path / "run", MemoryMonitor()).fields
+    assert fields["episodes"] == 3 and 0 <= fields["success_rate"] <= 1

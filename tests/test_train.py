@@ -23,6 +23,7 @@ from swmcli.training.checkpoints import checkpoint_path, load_checkpoint
 from swmcli.training.step import ClipOrder, learning_rate
 
 ROOT = Path(__file__).parents[1]
+TINY_SHAPE = {"resolution": 32, "action_dim": 2}  # the tiny data's clips, as model_args gives them
 
 
 def _cfg(data: Path, out: Path, **flags):
@@ -241,7 +242,7 @@ def test_preflight_predicts_the_step_it_then_measures(tiny_data, tmp_path):
     from swmcli.memory.predict import check_training_fits
 
     cfg = _cfg(tiny_data, tmp_path / "run")
-    predicted = check_training_fits(cfg, 32, 2, "cpu")
+    predicted = check_training_fits(cfg, TINY_SHAPE, "cpu")
     monitor = MemoryMonitor(track_tensors=True)
     run_train(cfg, monitor)
     measured = next(p for p in monitor.report.phases if p.name == "steady state")
@@ -257,12 +258,13 @@ def test_preflight_refuses_a_step_the_host_cannot_hold(tiny_data, tmp_path):
 
     cfg = _cfg(tiny_data, tmp_path / "run", **{"train.batch_size": 1_000_000})
     with pytest.raises(BudgetExceeded) as caught:
-        check_training_fits(cfg, 32, 2, "cpu")
+        check_training_fits(cfg, TINY_SHAPE, "cpu")
     assert caught.value.needed > available_host_bytes()
     best = int(re.search(r"--batch-size (\d+)", caught.value.hint).group(1))
     # The hinted batch fits what was free at the refusal (free RAM moves on a shared host).
     try:
-        needed = check_training_fits(with_settings(cfg, {"train.batch_size": best}), 32, 2, "cpu")
+        cfg_best = with_settings(cfg, {"train.batch_size": best})
+        needed = check_training_fits(cfg_best, TINY_SHAPE, "cpu")
     except BudgetExceeded as again:
         needed = again.needed
     assert needed <= caught.value.available

@@ -224,7 +224,7 @@ def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
             )
         data = OnlineData(cfg, resume) if cfg.online.enabled else StoredData(cfg, world)
         args = model_args(cfg, data.metadata)
-        needed = check_training_fits(cfg, args["resolution"], args["action_dim"], runner.device)
+        needed = check_training_fits(cfg, args, runner.device)
         info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
         if data.episode_lengths is not None:  # a stored dataset: resuming needs the same one
             fingerprint = checkpoints.data_fingerprint(data.episode_lengths)

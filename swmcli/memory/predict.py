@@ -41,8 +41,9 @@ from swmcli.memory.trace import (
 )
 from swmcli.models.global_batch import simulated_ranks
 from swmcli.models.interface import Objective, build_model
+from swmcli.models.rollout import encode_observation
 from swmcli.models.runner import Runner
-from swmcli.training.step import TRAIN_KEYS, optimizer_step
+from swmcli.training.step import PROPRIO_KEY, STATE_KEY, TRAIN_KEYS, optimizer_step, train_keys
 from swmcli.units import format_bytes
 
 DEVICES = ("cuda", "cpu")  # whose semantics a prediction follows
@@ -219,16 +220,17 @@ def eval_step(model, batch, runner, grad_free: bool):
     """One eval forward: encode the clip and predict next latents (kept alive until returned)."""
     if grad_free:
         with runner.inference(model):
-            latents = model.encode(batch["pixels"])
+            latents = encode_observation(model, batch)
             return model.predict(latents[:, :-1], batch["action"][:, :-1])
     model.eval()
     with runner.autocast():
-        latents = model.encode(batch["pixels"])
+        latents = encode_observation(model, batch)
         return model.predict(latents[:, :-1], batch["action"][:, :-1])
 
 
 def clip_batch(step: dict[str, np.ndarray], variant: Variant, device: str = "cpu") -> dict:
-    """The device batch ``swm train`` moves for ``variant``: its keys of ``step`` in clip layout.
+    """The device batch ``swm train`` moves for ``variant``: each key of ``step`` (one row of
+    the data's keys that training reads) in clip layout.
 
     ``pixels`` is uint8 ``(B, history_len, H, W, 3)``; ``action`` is ``(B, history_len,
     frameskip * action_dim)``. Zeros: under a fake mode they cost nothing; on a GPU the pixels
@@ -238,8 +240,8 @@ def clip_batch(step: dict[str, np.ndarray], variant: Variant, device: str = "cpu
 
     batch = {}
     leading = (variant.rank_batch_size, variant.history_len)
-    for key in TRAIN_KEYS:
-        value = np.asarray(step[key])
+    for key, value in step.items():
+        value = np.asarray(value)
         if key == "action":
             shape = (*leading, variant.frameskip * value.size)
         else:
@@ -311,10 +313,14 @@ class PeakPredictor:
         if device not in DEVICES:
             raise ValueError(f"predictions are for one of {DEVICES}, not {device!r}")
         self.cfg = cfg
-        # The state readout (model.state_weight) holds no weight and reads a few floats a frame:
-        # traced without it, as the step's batch is traced without the data's state.
-        self.model_cfg = cfg.model.model_copy(update={"state_weight": 0.0})
-        self.step = step
+        if cfg.model.factory is None:
+            # swm's state readout (model.state_weight) and proprio norm hold no weight and read
+            # a few floats a frame: traced without them, as the batch without those keys.
+            self.model_cfg = cfg.model.model_copy(update={"state_weight": 0.0})
+            keys = TRAIN_KEYS
+        else:  # a model of the user's reads every key its training reads
+            self.model_cfg, keys = cfg.model, train_keys(cfg)
+        self.step = {key: step[key] for key in keys if key in step}
         self.device = device
         self.round_bytes = CUDA_BLOCK_BYTES if device == "cuda" else 1
         self.action_dim = int(np.asarray(step["action"]).size)
@@ -339,6 +345,10 @@ class PeakPredictor:
                     "frameskip": frameskip,
                     "history_len": history_len,
                 }
+                sizes = {"proprio_dim": PROPRIO_KEY, "state_size": STATE_KEY}
+                if self.cfg.model.factory is not None:
+                    shape |= {arg: np.size(self.step[key]) for arg, key in sizes.items()
+                              if key in self.step}  # fmt: skip
                 model = build_model(self.model_cfg, shape)
                 if self.cfg.train.freeze:
                     # The traced model leaves the agent's state out (its norm holds no weight,
@@ -479,22 +489,27 @@ def _line_guess(known: dict[int, int], budget: int, low: int, high: int | None) 
     return math.floor(n1 + (budget - b1) / slope)
 
 
-def check_training_fits(cfg: SwmConfig, resolution: int, action_dim: int, device) -> int:
+def check_training_fits(cfg: SwmConfig, args: dict[str, int], device) -> int:
     """Refuse, before anything is allocated, a training step the device cannot hold.
 
     Predicts the configured step's peak as it runs on ``device`` (CUDA's autocast and allocator
     blocks on a GPU, plus the CUDA allowance; CPU autocast and exact bytes elsewhere) and compares
     it with the device's free memory (the host's available RAM on a CPU, shared by the
-    data-parallel ranks). Returns the bytes predicted (per rank); raises ``BudgetExceeded``
-    naming the largest (global) batch size that fits.
+    data-parallel ranks); ``args`` is the clip shape (``interface.model_args``). Returns the
+    bytes predicted (per rank); raises ``BudgetExceeded`` naming the largest (global) batch size
+    that fits.
     """
     import torch
 
+    resolution = args["resolution"]
     probe = with_settings(cfg, {"env.resolution": resolution})
     step = {
         "pixels": np.zeros((resolution, resolution, 3), np.uint8),
-        "action": np.zeros(action_dim, np.float32),
+        "action": np.zeros(args["action_dim"], np.float32),
     }
+    for key, size in ((PROPRIO_KEY, "proprio_dim"), (STATE_KEY, "state_size")):
+        if size in args:
+            step[key] = np.zeros(args[size], np.float32)
     on_cuda = torch.device(device).type == "cuda"
     predictor = PeakPredictor(probe, step, "cuda" if on_cuda else "cpu")
     ranks = cfg.runtime.nproc

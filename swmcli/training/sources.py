@@ -312,9 +312,11 @@ class StoredData:
 
 
 def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
-    """Warn (once, now) when the run makes more than ``PASSES_WARNING`` passes over the data."""
+    """Warn (once, now) when the run makes more than ``PASSES_WARNING`` passes over the data
+    with swm's own model (what it memorises was measured; a model of the user's may differ:
+    the Push-T state model's small predictor takes hundreds of passes)."""
     passes = cfg.train.steps * cfg.train.batch_size * cfg.train.grad_accum / train_clips
-    if passes <= PASSES_WARNING:
+    if passes <= PASSES_WARNING or cfg.model.factory is not None:
         return []
     return [
         warn(
