@@ -484,3 +484,14 @@ def test_memprofile_traces_the_state_presets_loss_on_proprio_and_state():
     fields = result.fields
     assert fields["predicted_train_peak_bytes"] > 0 and fields["predicted_eval_peak_bytes"] > 0
     assert not [note for note in result.notes if "skipped" in note]
+
+
+def test_the_state_errors_benchmark_reads_the_runs_held_out_errors(pusht_state_run):
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "pusht_state_errors.py"), str(pusht_state_run)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.search(r"the reader, held-out frames: T [\d.]+ px, angle [\d.]+ degrees", done.stdout)
+    assert re.search(r"held out, 5 blocks on: agent [\d.]+ px, T [\d.]+ px", done.stdout)
