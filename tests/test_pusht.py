@@ -51,6 +51,15 @@ def _cfg(run_dir: Path):
     return resolve_config(config_file=run_dir / "config.json")
 
 
+def _benchmark(script: str, *args: str) -> subprocess.CompletedProcess:
+    """``benchmarks/SCRIPT ARGS`` run as a user runs it (``PYTHONPATH`` the checkout)."""
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, str(root / "benchmarks" / script), *args],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    )  # fmt: skip
+
+
 def test_recorded_states_are_set_back_exactly_with_goals_offset_ahead(pusht_run):
     cfg = _cfg(pusht_run)
     assert cfg.env.id == "gym_pusht:gym_pusht/PushT-v0"  # the run plays the data's env
@@ -153,11 +162,7 @@ def test_the_presets_model_holds_the_agents_state_plans_with_it_and_refuses_rand
 
 def test_the_misses_benchmark_splits_the_runs_own_successes_by_what_the_goal_asks(pusht_run):
     fields = run_eval(pusht_run, MemoryMonitor()).fields
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "pusht_misses.py"), str(pusht_run)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
-    )  # fmt: skip
+    done = _benchmark("pusht_misses.py", str(pusht_run))
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {
         tuple(cell.strip() for cell in line.split("│")[1:3]): line.split("│")[3].strip()
@@ -213,19 +218,13 @@ def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protoco
     env.close()
 
     for score in ("criterion", "latent"):  # the tiny run's cost: its model, the state in it
-        done = subprocess.run(
-            [sys.executable, str(root / "benchmarks" / "pusht_oracle.py"), str(pusht_run),
-             "--samples", "6", "--iterations", "2", "--score", score],
-            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)},
-            timeout=300,
+        done = _benchmark(
+            "pusht_oracle.py", str(pusht_run), "--samples", "6", "--iterations", "2", "--score",
+            score,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         assert f"│ {score}" in done.stdout and "│ all " in done.stdout and "/3 = " in done.stdout
-    other_env = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "pusht_oracle.py"), str(pusht_run),
-         "--set", "env.id=swm/TwoRoom-v0"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
-    )  # fmt: skip
+    other_env = _benchmark("pusht_oracle.py", str(pusht_run), "--set", "env.id=swm/TwoRoom-v0")
     assert other_env.returncode != 0 and "Traceback" not in other_env.stderr
     assert "gym-pusht's physics only" in other_env.stderr and "hint:" in other_env.stderr
 
@@ -263,12 +262,9 @@ def test_the_latent_reads_the_blocks_pose_and_plans_with_it(pusht_run, tmp_path)
 
 
 def test_the_state_dynamics_benchmark_trains_on_states_and_plays_the_protocol(pusht_run):
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "pusht_state_dynamics.py"), str(pusht_run),
-         "--steps", "2", "--eval-seeds", "1000", "2000"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
-    )  # fmt: skip
+    done = _benchmark(
+        "pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--eval-seeds", "1000", "2000"
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "clips of 6 states; 2 steps of 256" in done.stdout
     assert "held out, 5 blocks on: agent " in done.stdout
@@ -276,12 +272,9 @@ def test_the_state_dynamics_benchmark_trains_on_states_and_plays_the_protocol(pu
 
 
 def test_the_block_frame_predictor_trains_again_on_its_planners_plays(pusht_run):
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "pusht_state_dynamics.py"), str(pusht_run),
-         "--steps", "2", "--predictor", "block-frame", "--planner-rounds", "1",
-         "--planner-episodes", "2", "--set", "eval.step_budget=30"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    done = _benchmark(
+        "pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--predictor", "block-frame",
+        "--planner-rounds", "1", "--planner-episodes", "2", "--set", "eval.step_budget=30",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     sizes = re.findall(r"([\d,]+) clips of 6 states; 2 steps of 512", done.stdout)
@@ -292,11 +285,9 @@ def test_the_block_frame_predictor_trains_again_on_its_planners_plays(pusht_run)
 
 
 def test_the_state_benchmark_plans_from_the_t_its_reader_reads(pusht_run):
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "pusht_state_dynamics.py"), str(pusht_run),
-         "--steps", "2", "--predictor", "block-frame", "--reader-steps", "2"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    done = _benchmark(
+        "pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--predictor", "block-frame",
+        "--reader-steps", "2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"the reader: [\d,]+ frames; 2 steps of 128", done.stdout)
@@ -367,13 +358,10 @@ def test_a_predictor_trains_on_the_runs_frozen_encoder_and_agent_state_norm(push
 
 
 def test_the_noisy_data_benchmark_keeps_the_held_out_episodes_last(pusht_run, tmp_path):
-    root = Path(__file__).parents[1]
     source, out = _cfg(pusht_run).data.path, tmp_path / "mixed.lance"
-    done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "pusht_noisy_data.py"), str(source), str(out),
-         "--episodes", "1", "--heldout", "2"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
-    )  # fmt: skip
+    done = _benchmark(
+        "pusht_noisy_data.py", str(source), str(out), "--episodes", "1", "--heldout", "2"
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     before, after = open_reader(source), open_reader(out)
     assert after.num_episodes == before.num_episodes + 2
@@ -388,12 +376,10 @@ def test_the_planner_data_benchmark_records_the_planners_steps_from_training_sta
     from swmcli.data.clips import heldout_split
     from swmcli.planning.goals import dataset_episodes
 
-    root = Path(__file__).parents[1]
     cfg, out = _cfg(pusht_run), tmp_path / "planner.lance"
-    done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "pusht_planner_data.py"), str(pusht_run),
-         str(out), "--episodes", "2", "--seed", "7", "--repeat", "2"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    done = _benchmark(
+        "pusht_planner_data.py", str(pusht_run), str(out), "--episodes", "2", "--seed", "7",
+        "--repeat", "2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     before, after = open_reader(cfg.data.path), open_reader(out)
@@ -442,9 +428,7 @@ def test_the_state_preset_learns_the_recorded_state(pusht_state_run):
         assert last[term] < first[term], (term, first, last)
 
 
-def test_the_state_preset_plans_from_the_frame_and_the_agents_proprio(
-    pusht_state_run, monkeypatch
-):
+def test_the_state_preset_plans_from_the_frame_and_the_agents_proprio(pusht_state_run, monkeypatch):
     """Its first plan starts from the latent of the frame the env draws and the agent's
     proprio: the agent's position and velocity over their units, the T the reader reads from
     the pixels (the recorded state is never an input)."""
@@ -487,11 +471,7 @@ def test_memprofile_traces_the_state_presets_loss_on_proprio_and_state():
 
 
 def test_the_state_errors_benchmark_reads_the_runs_held_out_errors(pusht_state_run):
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "pusht_state_errors.py"), str(pusht_state_run)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
-    )  # fmt: skip
+    done = _benchmark("pusht_state_errors.py", str(pusht_state_run))
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"the reader, held-out frames: T [\d.]+ px, angle [\d.]+ degrees", done.stdout)
     assert re.search(r"held out, 5 blocks on: agent [\d.]+ px, T [\d.]+ px", done.stdout)
