@@ -229,7 +229,7 @@ def build(
     arena: float = ARENA,
     action_scale: float = 0.0,
 ) -> PushTStateModel:
-    """The factory (``model.factory = "swmcli.models.pusht_state:build"``): a reader of
+    """The factory (``model.factory = "swmcli.zoo.pusht_state:build"``): a reader of
     ``width`` channels, a predictor MLP of ``hidden`` units, the reader trained on
     ``reader_batch`` frames a step; actions are targets, or moves of ``action_scale`` px a unit
     (``BlockFrameDynamics``). The data must be laid out as gym-pusht's (its sizes checked;
