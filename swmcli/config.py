@@ -239,10 +239,10 @@ class ModelConfig(Section):
     cnn_width: PositiveInt = Field(16, description="channels of the first CNN stage (doubles)")
     vit_patch: PositiveInt = Field(16, description="ViT patch side in pixels")
     vit_dim: PositiveInt = Field(192, description="ViT token width")
-    vit_depth: PositiveInt = Field(12, description="ViT blocks")
+    vit_depth: PositiveInt = Field(12, description="ViT layers")
     vit_heads: PositiveInt = Field(3, description="ViT attention heads")
     predictor_dim: PositiveInt = Field(128, description="predictor token width")
-    predictor_depth: PositiveInt = Field(3, description="predictor blocks")
+    predictor_depth: PositiveInt = Field(3, description="predictor layers")
     predictor_heads: PositiveInt = Field(4, description="predictor attention heads")
     regularizer: Literal["sigreg", "vicreg"] = Field(
         "sigreg", description="what keeps the latents from collapsing"
@@ -309,7 +309,7 @@ class ModelConfig(Section):
 
 class RuntimeConfig(Section):
     """How train, eval and memprofile run the model: precision, compilation, CPU threads, and
-    the memory levers (docs/bring-your-model.md)."""
+    the memory techniques (docs/bring-your-model.md)."""
 
     bf16: bool = Field(
         False,
@@ -332,7 +332,7 @@ class RuntimeConfig(Section):
     activation_checkpointing: str | None = Field(
         None,
         description="recompute these modules' activations in backward instead of keeping "
-        "them: 'blocks' (the transformer blocks) or module class names, comma-separated; "
+        "them: 'layers' (the transformer layers) or module class names, comma-separated; "
         "saves most activation memory, costs about a third more compute",
         json_schema_extra=flag(metavar="MODULES"),
     )
@@ -347,13 +347,13 @@ class RuntimeConfig(Section):
         False,
         description="fully shard parameters, gradients and AdamW state over the data-parallel "
         "ranks (FSDP2, torchrun): divides their memory by the ranks; costs an all-gather of "
-        "each block's weights in forward and backward",
+        "each layer's weights in forward and backward",
         json_schema_extra=flag("--shard"),
     )
 
 
 class TrainConfig(Section):
-    """`swm train`: the optimization loop and its memory levers."""
+    """`swm train`: the optimization loop."""
 
     steps: PositiveInt = Field(2000, description="optimizer steps to train to")
     batch_size: PositiveInt = Field(
@@ -539,13 +539,13 @@ class MemprofileConfig(Section):
     picture: Path | None = Field(
         None,
         description="draw the predicted peaks as stacked bars by category (per combination of "
-        "levers with --budget, else per technique) with the budget line, into this PNG",
+        "techniques with --budget, else per row) with the budget line, into this PNG",
     )
     predict_for: Literal["cuda", "cpu"] = Field(
         "cuda",
         description="the device whose semantics the prediction follows: cuda (what CUDA bf16 "
-        "autocast keeps in float32, the allocator's 512-byte blocks) or cpu (CPU autocast, "
-        "exact bytes: what `swm train` on a CPU uses)",
+        "autocast keeps in float32, sizes rounded up to 512 bytes as its allocator does) or cpu "
+        "(CPU autocast, exact bytes: what `swm train` on a CPU uses)",
         json_schema_extra=flag(metavar="DEVICE"),
     )
 
@@ -864,49 +864,6 @@ def load_run_config(
             f"{path} is damaged or from another swm version: {_describe(err)}", hint=damaged
         ) from err
     return _validated(_layered(tree, _settings_tree(sets, flags), "--set and flags"))
-
-
-#: What ``swm train --resume`` may change: how the run executes and how far it goes, not what it
-#: trains (``data.path`` may move: the data's fingerprint must still match).
-RESUMABLE = ("runtime.", "train.steps", "train.out", "train.checkpoint_every", "train.log_every")
-RESUMABLE += ("train.loggers",)
-# A run saved with the optimizer in backward before clipping was refused there trained unclipped:
-# its resume switches clipping off to go on as it ran (and may switch it on or off otherwise).
-RESUMABLE += ("train.grad_clip",)
-RESUMABLE += ("data.path", "data.in_memory", "data.num_workers", "data.worker_kind")
-RESUMABLE += ("data.cache_dir",)
-RESUMABLE += ("data.prefetch_factor", "data.ram_budget", "data.ram_share")
-
-
-def check_resume(saved: SwmConfig, cfg: SwmConfig) -> None:
-    """Refuse to resume a run saved as ``saved`` with ``cfg`` where they differ in anything but
-    what a resume may change (``RESUMABLE``): every such setting at once (exit 2), rather than
-    dropped."""
-    before = flat_settings(saved.model_dump(mode="json"))
-    after = flat_settings(cfg.model_dump(mode="json"))
-    refused = [key for key in before if before[key] != after[key] and not key.startswith(RESUMABLE)]
-    if refused:
-        changes = ", ".join(
-            f"{key} ({before[key]!r} in the run, {after[key]!r} given)" for key in refused
-        )
-        raise UsageError(
-            f"--resume cannot change {changes}: a resumed run keeps the model, data and "
-            "schedule it started with",
-            hint="drop those flags to resume (runtime flags such as --bf16, --compile, "
-            "--in-memory and --steps apply), or train a new run (--out)",
-        )
-
-
-def resumable_items(cfg: SwmConfig) -> list[str]:
-    """``cfg``'s settings that a resume may change, as ``--set`` items (``key=JSON value``, which
-    TOML reads back): what makes ``load_run_config`` of its run give ``cfg`` again. Unset (None)
-    ones are left out: no flag unsets a setting."""
-    flat = flat_settings(cfg.model_dump(mode="json"))
-    return [
-        f"{key}={json.dumps(value)}"
-        for key, value in flat.items()
-        if key.startswith(RESUMABLE) and value is not None
-    ]
 
 
 def check_eval_changes(flags: dict[str, Any] | None, sets: list[str] | None) -> None:

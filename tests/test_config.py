@@ -37,10 +37,10 @@ def test_every_preset_validates(name):
 
 @pytest.mark.parametrize("name", preset_names())
 def test_every_preset_builds_its_model(name):
-    from swmcli.models.world_model import build_world_model
+    from swmcli.models.world_model import build_jepa
 
     cfg = resolve_config(preset=name)
-    model = build_world_model(
+    model = build_jepa(
         cfg.model,
         resolution=cfg.env.resolution,
         action_dim=2,

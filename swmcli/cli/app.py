@@ -218,7 +218,7 @@ def info(
     "swm train --preset tworoom-64 --online --env swm/TwoRoom-v0 --record data/online.lance",
     "swm train --preset tiny --nproc 2",
     "swm train --preset tiny --model tests/models/mlp_world_model.py:build",
-    "swm train --preset vit-b-224 --bf16 --activation-checkpointing blocks",
+    "swm train --preset vit-b-224 --bf16 --activation-checkpointing layers",
     "swm train --preset tiny --nproc 2 --shard",
     "swm train --preset tiny --data s3://swm-bucket/tworoom/tiny.lance --out runs/tiny-s3",
 )

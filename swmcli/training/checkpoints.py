@@ -53,7 +53,7 @@ def save_checkpoint(
     """Write the model's and optimizer's state dicts, step, RNG state, config and data
     fingerprint, verified and atomically; returns the checkpoint's path.
 
-    ``model_args`` are the clip shape ``protocol.build_model`` takes besides the config
+    ``model_args`` are the clip shape ``interface.build_model`` takes besides the config
     (resolution, action_dim, frameskip, history_len), so eval rebuilds the model from the run
     alone. ``config_text`` is what ``config.json`` holds (written after the checkpoint when it
     differs). Non-finite weights or optimizer state are refused: the last checkpoint is kept.
@@ -294,10 +294,10 @@ def restore_model(model, state: dict[str, Any], path_for_errors: Path) -> None:
         ) from err
 
 
-def init_from_run(model, run_dir: Path) -> list[str]:
+def init_from_run(model, run_dir: Path) -> str:
     """Load into ``model`` every weight of ``run_dir``'s verified checkpoint whose name and shape
-    match (``train.init_from``); returns the names of the model's weights left as initialized.
-    A checkpoint that gives the model nothing is a UsageError."""
+    match (``train.init_from``); returns a line for the log naming the parts whose weights were
+    left as initialized. A checkpoint that gives the model nothing is a UsageError."""
     if not Path(run_dir).is_dir():
         raise UsageError(
             f"train.init_from: {run_dir} is not a run directory",
@@ -316,7 +316,11 @@ def init_from_run(model, run_dir: Path) -> list[str]:
             hint="start from a run of the same architecture, or drop --init-from",
         )
     model.load_state_dict(matching, strict=False)
-    return sorted(set(own) - set(matching))
+    fresh = sorted(set(own) - set(matching))
+    if not fresh:
+        return f"weights from {run_dir}; every weight loaded"
+    parts = dict.fromkeys(name.split(".")[0] for name in fresh)
+    return f"weights from {run_dir}; {len(fresh)} weight(s) start fresh, in: {', '.join(parts)}"
 
 
 def restore_rng(state: dict[str, Any]) -> None:
