@@ -8,7 +8,6 @@ and nowhere else. Each run directory keeps its resolved config as ``config.json`
 import copy
 import json
 import tomllib
-import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -569,58 +568,6 @@ class SwmConfig(Section):
     memprofile: MemprofileConfig = MemprofileConfig()
 
 
-#: Settings that moved into ``runtime`` (declared once for train, eval and memprofile).
-MOVED_TO_RUNTIME = {
-    f"{section}.{key}": f"runtime.{key}"
-    for section in ("train", "eval")
-    for key in ("bf16", "compile", "cpu_threads")
-}
-
-
-#: Settings renamed so that each name has one meaning: old key -> the new keys it sets. Old
-#: presets, config files, ``--set`` items and run directories keep loading through this table.
-#: ``max_steps`` is a ReplayBuffer's capacity wherever it appears (the user's word, and
-#: ``ReplayBuffer(max_steps=)``'s): collect's buffer and online training's ring.
-RENAMED = {
-    "collect.buffer_steps": ("collect.max_steps",),
-    "online.ring_steps": ("online.max_steps",),
-    # It capped whichever buffer training read from: the newest episodes or online's ring.
-    "data.max_steps": ("data.newest_steps", "online.max_steps"),
-    "data.memory_steps": ("data.newest_steps",),
-    "data.workers": ("data.worker_kind",),
-    "eval.max_steps": ("eval.step_budget",),
-}
-
-
-class RenamedSetting(FutureWarning):
-    """An old setting's name, loaded under its new one (``RENAMED``); the CLI shows it as a
-    ``warning:`` line."""
-
-
-def upgrade(tree: dict[str, Any]) -> dict[str, Any]:
-    """``tree`` (nested settings, changed in place) with each old key under its new name and
-    the meaning it had, each one reported as a ``RenamedSetting`` warning (the CLI says each
-    once per command). An old name given beside its new one is refused: which one was meant
-    cannot be told."""
-    for old, new_keys in RENAMED.items():
-        section, key = old.split(".")
-        node = tree.get(section)
-        if not isinstance(node, dict) or key not in node:
-            continue
-        both = [new for new in new_keys if _get(tree, new) is not None]
-        if both and node[key] is not None:
-            raise UsageError(
-                f"{old} and {both[0]} are one setting, given twice ({old} is its old name)",
-                hint=f"keep {both[0]} only",
-            )
-        warnings.warn(f"{old} is now {' and '.join(new_keys)}", RenamedSetting, stacklevel=2)
-        value = node.pop(key)
-        for new in new_keys:
-            if value is not None:
-                _put(tree, new, value)
-    return tree
-
-
 def _get(tree: dict[str, Any], dotted: str) -> Any:
     section, key = dotted.split(".")
     node = tree.get(section)
@@ -693,7 +640,7 @@ def _settings_tree(sets: list[str] | None, flags: dict[str, Any] | None) -> dict
     for key, value in (flags or {}).items():
         if value is not None:
             _put(tree, key, value)
-    return upgrade(tree)
+    return tree
 
 
 #: Settings that say one thing two ways: a source that sets either replaces what a source below
@@ -746,8 +693,6 @@ def _describe(err: ValidationError) -> str:
 
 def _describe_one(error: dict) -> str:
     dotted = ".".join(str(p) for p in error["loc"])
-    if dotted in MOVED_TO_RUNTIME:
-        return f"{dotted}: did you mean {MOVED_TO_RUNTIME[dotted]}?"
     return f"{dotted}: {error['msg'].removeprefix('Value error, ')}"
 
 
@@ -783,9 +728,9 @@ def resolve_config(
     tree: dict[str, Any] = {}
     if preset is not None:
         path = preset_path(preset)
-        tree = _layered(tree, upgrade(_read_config_file(path)), f"preset {preset}")
+        tree = _layered(tree, _read_config_file(path), f"preset {preset}")
     if config_file is not None:
-        tree = _layered(tree, upgrade(_read_config_file(config_file)), str(config_file))
+        tree = _layered(tree, _read_config_file(config_file), str(config_file))
     return _validated(_layered(tree, _settings_tree(sets, flags), "--set and flags"))
 
 
@@ -845,18 +790,9 @@ def load_run_config(
         )
     damaged = "restore it from a copy (the run's checkpoint.pt holds its text)"
     try:
-        tree = upgrade(_read_config_file(path))
-        online, cap = tree.get("online"), _get(tree, "collect.max_steps")
-        if isinstance(online, dict) and "max_steps" not in online and cap:
-            # A run saved before online's ring had a name of its own: it was collect's cap.
-            online["max_steps"] = cap
+        tree = _read_config_file(path)
     except UsageError as err:
         raise CheckpointError(f"{path} is damaged: {err.message}", hint=damaged) from err
-    # A run saved before the runtime section kept these under train and eval: train's win.
-    for old_key in sorted(MOVED_TO_RUNTIME):  # "eval.*" before "train.*"
-        section, key = old_key.split(".")
-        if isinstance(tree.get(section), dict) and key in tree[section]:
-            tree.setdefault("runtime", {})[key] = tree[section].pop(key)
     try:
         SwmConfig.model_validate(tree)
     except ValidationError as err:  # before any flag: the file itself is bad
