@@ -580,8 +580,8 @@ def _lookup3(data: bytes) -> int:
     length = len(data)
     a = b = c = (0xDEADBEEF + length) & mask
     padded = data.ljust(max(1, (length + 11) // 12) * 12, b"\0")
-    blocks = np.frombuffer(padded, "<u4").reshape(-1, 3).tolist()
-    for x, y, z in blocks[:-1]:
+    words = np.frombuffer(padded, "<u4").reshape(-1, 3).tolist()  # 12 bytes a round
+    for x, y, z in words[:-1]:
         a, b, c = (a + x) & mask, (b + y) & mask, (c + z) & mask
         a = ((a - c) & mask) ^ rot(c, 4)
         c = (c + b) & mask
@@ -597,7 +597,7 @@ def _lookup3(data: bytes) -> int:
         b = (b + a) & mask
     if length == 0:
         return c
-    x, y, z = blocks[-1]
+    x, y, z = words[-1]
     a, b, c = (a + x) & mask, (b + y) & mask, (c + z) & mask
     c = ((c ^ b) - rot(b, 14)) & mask
     a = ((a ^ c) - rot(c, 11)) & mask
