@@ -4,7 +4,7 @@
 #   OUT=out bash benchmarks/gpu_check.sh        # about 6-8 minutes on one H100/H200
 #
 # Every `swm memprofile` row of gpu24-224-bf16 and lewm-224 (compile included), vit-b-224 at
-# B=128 with activation checkpointing (its rows: each lever alone), the conv + GroupNorm test model
+# B=128 with activation checkpointing (its rows: each technique alone), the conv + GroupNorm test model
 # with bf16 + checkpointing: predicted vs measured (max_memory_allocated and reserved) and their
 # ratio (target within 10%); then lewm-224's steady steps/s, bf16 + compile against fp32, and the
 # loader's clips/s against the trainer's; then `pytest -m gpu`. Needs the machine's CUDA build of
@@ -49,10 +49,10 @@ python3 -c 'import swmcli, lance, h5py, gymnasium; print("swm", swmcli.__version
 step "memprofile rows, predicted vs measured"
 profile "gpu24-224-bf16" --preset gpu24-224-bf16 --budget 24GiB --snapshot "$OUT/gpu24-224-bf16.pickle"
 profile "lewm-224" --preset lewm-224 --budget 24GiB
-# One run gives vit-b-224's rows with checkpointing configured (the compile row) and each lever
-# alone (bf16, optimizer in backward, checkpointing) against fp32 without levers.
+# One run gives vit-b-224's rows with checkpointing configured (the compile row) and each technique
+# alone (bf16, optimizer in backward, checkpointing) against fp32 without any.
 profile "vit-b-224 B=128 checkpointing" --preset vit-b-224 --batch-size 128 \
-  --activation-checkpointing blocks --budget 24GiB
+  --activation-checkpointing layers --budget 24GiB
 profile "conv user model bf16 + checkpointing" --preset tworoom-224 \
   --model tests/models/conv_world_model.py:build --bf16 --activation-checkpointing ConvStage
 

@@ -4,8 +4,8 @@
 The model is any protocol model with its own ``loss`` (docs/bring-your-model.md), built by its
 factory; nothing of swm is imported. The step is the one `swm train` runs (forward under CPU
 autocast with --bf16, backward, global-norm clipping unless the optimizer steps in backward,
-foreach AdamW), twice, as memprofile predicts it; the levers are made here with torch's own
-parts. Two counts of the peak:
+foreach AdamW), twice, as memprofile predicts it; the memory techniques are made here with
+torch's own parts. Two counts of the peak:
 
 - ``profiler``: torch.profiler's allocator events (``profile_memory=True``), a running sum from
   the bytes alive when it starts (parameters, buffers, the batch);
@@ -13,7 +13,7 @@ parts. Two counts of the peak:
   to its free (weakref finalizers).
 
     python benchmarks/independent_peak.py --model path/to/model.py:build --resolution 224 \
-        --batch-size 16 [--bf16] [--checkpoint blocks|CLASS] [--in-backward] [--count storages]
+        --batch-size 16 [--bf16] [--checkpoint layers|CLASS] [--in-backward] [--count storages]
 """
 
 import argparse
@@ -127,7 +127,7 @@ def main():
     shape = {"resolution": args.resolution, "action_dim": args.action_dim}
     shape |= {"frameskip": args.frameskip, "history_len": args.history_len}
     net = build(args.model, shape)
-    if args.checkpoint == "blocks":
+    if args.checkpoint == "layers":
         lists = [m for m in net.modules() if isinstance(m, torch.nn.ModuleList)]
         members = {id(child) for lst in lists for child in lst}
         wrap(net, lambda m: id(m) in members)

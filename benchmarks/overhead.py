@@ -71,11 +71,11 @@ def bare_loop(config_file: Path, path: str, in_ram: bool) -> dict:
 
     from swmcli.config import resolve_config
     from swmcli.host import keep_freed_memory
-    from swmcli.memory.levers import build_model, make_optimizer
     from swmcli.models.interface import Objective
     from swmcli.models.runner import make_runner
     from swmcli.training import distributed
     from swmcli.training.online import OnlineFeed
+    from swmcli.training.recipe import make_optimizer, model_to_train
     from swmcli.training.sources import _loader, load_clips, open_training_data, ram_budget
     from swmcli.training.step import learning_rate
 
@@ -91,7 +91,7 @@ def bare_loop(config_file: Path, path: str, in_ram: bool) -> dict:
     else:
         dataset, _, metadata = open_training_data(cfg)
         clips = load_clips(dataset, budget, cfg.train.seed) if path == "memory" else dataset
-    model = runner.prepare(build_model(cfg, metadata))
+    model = runner.prepare(model_to_train(cfg, metadata))
     objective = distributed.wrap(Objective(model, cfg.model), world, runner.device)
     optimizer = make_optimizer(model, cfg.train)
     batches = feed.batches(0) if path == "online" else iter(_loader(cfg, clips, 0, world))

@@ -11,7 +11,7 @@ Trains a predictor on DATA's training episodes (default: RUN's data), its "laten
 ``models.state.StateFeatures``), then the agent's velocity from ``proprio``; clips of 6
 observations ``data.frameskip`` env steps apart, with the one-step and the five-block loss. The
 predictor is swm's (``transformer``, RUN's size) or ``block-frame`` (the Push-T state model's,
-``swmcli.models.pusht_state``): a Markov MLP that sees the agent, its velocity and the action's
+``swmcli.zoo.pusht_state``): a Markov MLP that sees the agent, its velocity and the action's
 targets in the T's frame and moves the T there (pushing is the same anywhere in the arena and at
 any angle; the transformer must learn that from data). Prints its held-out errors in pixels and
 degrees, one block and five blocks on. With ``--planner-rounds K``, K times: the predictor's
@@ -47,17 +47,17 @@ from swmcli.data.clips import heldout_split
 from swmcli.data.formats import open_reader
 from swmcli.envs import pusht
 from swmcli.models.predictor import Predictor
-from swmcli.models.pusht_state import (
+from swmcli.models.rollout import rollout
+from swmcli.models.state import StateFeatures
+from swmcli.planning import planners
+from swmcli.planning.goals import dataset_episodes, goal_episodes, wilson_interval
+from swmcli.zoo.pusht_state import (
     ACTION_DIM,
     ANGLE_UNIT,
     POSITION_UNIT,
     VELOCITY_UNIT,
     BlockFrameDynamics,
 )
-from swmcli.models.rollout import rollout
-from swmcli.models.state import StateFeatures
-from swmcli.planning import planners
-from swmcli.planning.goals import dataset_episodes, goal_episodes, wilson_interval
 
 CLIP = 6  # observations: five blocks, the planning horizon
 UNITS = [POSITION_UNIT] * 4 + [ANGLE_UNIT]  # gym-pusht's state: the success region

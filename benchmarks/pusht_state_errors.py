@@ -22,8 +22,8 @@ from rich.console import Console
 from swmcli.commands.evaluate import load_model
 from swmcli.config import resolve_config
 from swmcli.data.formats import open_reader
-from swmcli.models.pusht_state import state_latent
 from swmcli.models.runner import make_runner
+from swmcli.zoo.pusht_state import state_latent
 
 
 def main() -> None:

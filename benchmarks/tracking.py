@@ -30,9 +30,9 @@ def build(args):
     import torch
 
     from swmcli.config import resolve_config
-    from swmcli.memory.levers import make_optimizer
     from swmcli.models.interface import Objective, build_model
     from swmcli.models.runner import make_runner
+    from swmcli.training.recipe import make_optimizer
 
     cfg = resolve_config("tworoom-64", flags={"train.batch_size": args.batch_size})
     shape = {"resolution": 64, "action_dim": 2, "frameskip": cfg.data.frameskip}

@@ -8,7 +8,6 @@ and nowhere else. Each run directory keeps its resolved config as ``config.json`
 import copy
 import json
 import tomllib
-import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -239,10 +238,10 @@ class ModelConfig(Section):
     cnn_width: PositiveInt = Field(16, description="channels of the first CNN stage (doubles)")
     vit_patch: PositiveInt = Field(16, description="ViT patch side in pixels")
     vit_dim: PositiveInt = Field(192, description="ViT token width")
-    vit_depth: PositiveInt = Field(12, description="ViT blocks")
+    vit_depth: PositiveInt = Field(12, description="ViT layers")
     vit_heads: PositiveInt = Field(3, description="ViT attention heads")
     predictor_dim: PositiveInt = Field(128, description="predictor token width")
-    predictor_depth: PositiveInt = Field(3, description="predictor blocks")
+    predictor_depth: PositiveInt = Field(3, description="predictor layers")
     predictor_heads: PositiveInt = Field(4, description="predictor attention heads")
     regularizer: Literal["sigreg", "vicreg"] = Field(
         "sigreg", description="what keeps the latents from collapsing"
@@ -309,7 +308,7 @@ class ModelConfig(Section):
 
 class RuntimeConfig(Section):
     """How train, eval and memprofile run the model: precision, compilation, CPU threads, and
-    the memory levers (docs/bring-your-model.md)."""
+    the memory techniques (docs/bring-your-model.md)."""
 
     bf16: bool = Field(
         False,
@@ -332,7 +331,7 @@ class RuntimeConfig(Section):
     activation_checkpointing: str | None = Field(
         None,
         description="recompute these modules' activations in backward instead of keeping "
-        "them: 'blocks' (the transformer blocks) or module class names, comma-separated; "
+        "them: 'layers' (the transformer layers) or module class names, comma-separated; "
         "saves most activation memory, costs about a third more compute",
         json_schema_extra=flag(metavar="MODULES"),
     )
@@ -347,13 +346,13 @@ class RuntimeConfig(Section):
         False,
         description="fully shard parameters, gradients and AdamW state over the data-parallel "
         "ranks (FSDP2, torchrun): divides their memory by the ranks; costs an all-gather of "
-        "each block's weights in forward and backward",
+        "each layer's weights in forward and backward",
         json_schema_extra=flag("--shard"),
     )
 
 
 class TrainConfig(Section):
-    """`swm train`: the optimization loop and its memory levers."""
+    """`swm train`: the optimization loop."""
 
     steps: PositiveInt = Field(2000, description="optimizer steps to train to")
     batch_size: PositiveInt = Field(
@@ -539,13 +538,13 @@ class MemprofileConfig(Section):
     picture: Path | None = Field(
         None,
         description="draw the predicted peaks as stacked bars by category (per combination of "
-        "levers with --budget, else per technique) with the budget line, into this PNG",
+        "techniques with --budget, else per row) with the budget line, into this PNG",
     )
     predict_for: Literal["cuda", "cpu"] = Field(
         "cuda",
         description="the device whose semantics the prediction follows: cuda (what CUDA bf16 "
-        "autocast keeps in float32, the allocator's 512-byte blocks) or cpu (CPU autocast, "
-        "exact bytes: what `swm train` on a CPU uses)",
+        "autocast keeps in float32, sizes rounded up to 512 bytes as its allocator does) or cpu "
+        "(CPU autocast, exact bytes: what `swm train` on a CPU uses)",
         json_schema_extra=flag(metavar="DEVICE"),
     )
 
@@ -567,58 +566,6 @@ class SwmConfig(Section):
     online: OnlineConfig = OnlineConfig()
     eval: EvalConfig = EvalConfig()
     memprofile: MemprofileConfig = MemprofileConfig()
-
-
-#: Settings that moved into ``runtime`` (declared once for train, eval and memprofile).
-MOVED_TO_RUNTIME = {
-    f"{section}.{key}": f"runtime.{key}"
-    for section in ("train", "eval")
-    for key in ("bf16", "compile", "cpu_threads")
-}
-
-
-#: Settings renamed so that each name has one meaning: old key -> the new keys it sets. Old
-#: presets, config files, ``--set`` items and run directories keep loading through this table.
-#: ``max_steps`` is a ReplayBuffer's capacity wherever it appears (the user's word, and
-#: ``ReplayBuffer(max_steps=)``'s): collect's buffer and online training's ring.
-RENAMED = {
-    "collect.buffer_steps": ("collect.max_steps",),
-    "online.ring_steps": ("online.max_steps",),
-    # It capped whichever buffer training read from: the newest episodes or online's ring.
-    "data.max_steps": ("data.newest_steps", "online.max_steps"),
-    "data.memory_steps": ("data.newest_steps",),
-    "data.workers": ("data.worker_kind",),
-    "eval.max_steps": ("eval.step_budget",),
-}
-
-
-class RenamedSetting(FutureWarning):
-    """An old setting's name, loaded under its new one (``RENAMED``); the CLI shows it as a
-    ``warning:`` line."""
-
-
-def upgrade(tree: dict[str, Any]) -> dict[str, Any]:
-    """``tree`` (nested settings, changed in place) with each old key under its new name and
-    the meaning it had, each one reported as a ``RenamedSetting`` warning (the CLI says each
-    once per command). An old name given beside its new one is refused: which one was meant
-    cannot be told."""
-    for old, new_keys in RENAMED.items():
-        section, key = old.split(".")
-        node = tree.get(section)
-        if not isinstance(node, dict) or key not in node:
-            continue
-        both = [new for new in new_keys if _get(tree, new) is not None]
-        if both and node[key] is not None:
-            raise UsageError(
-                f"{old} and {both[0]} are one setting, given twice ({old} is its old name)",
-                hint=f"keep {both[0]} only",
-            )
-        warnings.warn(f"{old} is now {' and '.join(new_keys)}", RenamedSetting, stacklevel=2)
-        value = node.pop(key)
-        for new in new_keys:
-            if value is not None:
-                _put(tree, new, value)
-    return tree
 
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:
@@ -693,7 +640,7 @@ def _settings_tree(sets: list[str] | None, flags: dict[str, Any] | None) -> dict
     for key, value in (flags or {}).items():
         if value is not None:
             _put(tree, key, value)
-    return upgrade(tree)
+    return tree
 
 
 #: Settings that say one thing two ways: a source that sets either replaces what a source below
@@ -746,8 +693,6 @@ def _describe(err: ValidationError) -> str:
 
 def _describe_one(error: dict) -> str:
     dotted = ".".join(str(p) for p in error["loc"])
-    if dotted in MOVED_TO_RUNTIME:
-        return f"{dotted}: did you mean {MOVED_TO_RUNTIME[dotted]}?"
     return f"{dotted}: {error['msg'].removeprefix('Value error, ')}"
 
 
@@ -783,9 +728,9 @@ def resolve_config(
     tree: dict[str, Any] = {}
     if preset is not None:
         path = preset_path(preset)
-        tree = _layered(tree, upgrade(_read_config_file(path)), f"preset {preset}")
+        tree = _layered(tree, _read_config_file(path), f"preset {preset}")
     if config_file is not None:
-        tree = _layered(tree, upgrade(_read_config_file(config_file)), str(config_file))
+        tree = _layered(tree, _read_config_file(config_file), str(config_file))
     return _validated(_layered(tree, _settings_tree(sets, flags), "--set and flags"))
 
 
@@ -845,18 +790,9 @@ def load_run_config(
         )
     damaged = "restore it from a copy (the run's checkpoint.pt holds its text)"
     try:
-        tree = upgrade(_read_config_file(path))
-        online, cap = tree.get("online"), _get(tree, "collect.max_steps")
-        if isinstance(online, dict) and "max_steps" not in online and cap:
-            # A run saved before online's ring had a name of its own: it was collect's cap.
-            online["max_steps"] = cap
+        tree = _read_config_file(path)
     except UsageError as err:
         raise CheckpointError(f"{path} is damaged: {err.message}", hint=damaged) from err
-    # A run saved before the runtime section kept these under train and eval: train's win.
-    for old_key in sorted(MOVED_TO_RUNTIME):  # "eval.*" before "train.*"
-        section, key = old_key.split(".")
-        if isinstance(tree.get(section), dict) and key in tree[section]:
-            tree.setdefault("runtime", {})[key] = tree[section].pop(key)
     try:
         SwmConfig.model_validate(tree)
     except ValidationError as err:  # before any flag: the file itself is bad
@@ -864,49 +800,6 @@ def load_run_config(
             f"{path} is damaged or from another swm version: {_describe(err)}", hint=damaged
         ) from err
     return _validated(_layered(tree, _settings_tree(sets, flags), "--set and flags"))
-
-
-#: What ``swm train --resume`` may change: how the run executes and how far it goes, not what it
-#: trains (``data.path`` may move: the data's fingerprint must still match).
-RESUMABLE = ("runtime.", "train.steps", "train.out", "train.checkpoint_every", "train.log_every")
-RESUMABLE += ("train.loggers",)
-# A run saved with the optimizer in backward before clipping was refused there trained unclipped:
-# its resume switches clipping off to go on as it ran (and may switch it on or off otherwise).
-RESUMABLE += ("train.grad_clip",)
-RESUMABLE += ("data.path", "data.in_memory", "data.num_workers", "data.worker_kind")
-RESUMABLE += ("data.cache_dir",)
-RESUMABLE += ("data.prefetch_factor", "data.ram_budget", "data.ram_share")
-
-
-def check_resume(saved: SwmConfig, cfg: SwmConfig) -> None:
-    """Refuse to resume a run saved as ``saved`` with ``cfg`` where they differ in anything but
-    what a resume may change (``RESUMABLE``): every such setting at once (exit 2), rather than
-    dropped."""
-    before = flat_settings(saved.model_dump(mode="json"))
-    after = flat_settings(cfg.model_dump(mode="json"))
-    refused = [key for key in before if before[key] != after[key] and not key.startswith(RESUMABLE)]
-    if refused:
-        changes = ", ".join(
-            f"{key} ({before[key]!r} in the run, {after[key]!r} given)" for key in refused
-        )
-        raise UsageError(
-            f"--resume cannot change {changes}: a resumed run keeps the model, data and "
-            "schedule it started with",
-            hint="drop those flags to resume (runtime flags such as --bf16, --compile, "
-            "--in-memory and --steps apply), or train a new run (--out)",
-        )
-
-
-def resumable_items(cfg: SwmConfig) -> list[str]:
-    """``cfg``'s settings that a resume may change, as ``--set`` items (``key=JSON value``, which
-    TOML reads back): what makes ``load_run_config`` of its run give ``cfg`` again. Unset (None)
-    ones are left out: no flag unsets a setting."""
-    flat = flat_settings(cfg.model_dump(mode="json"))
-    return [
-        f"{key}={json.dumps(value)}"
-        for key, value in flat.items()
-        if key.startswith(RESUMABLE) and value is not None
-    ]
 
 
 def check_eval_changes(flags: dict[str, Any] | None, sets: list[str] | None) -> None:

@@ -51,7 +51,7 @@ def keep_freed_memory() -> bool:
     fresh buffers of a few MiB; glibc serves such sizes with ``mmap`` and gives them back at
     once, so each step and each batch faults its pages in again (about 6,400 page faults and a
     third of the reading time per batch of 256 frames at 224x224, measured here). Serving
-    blocks under ``KEEP_FREED_BELOW`` from the heap and trimming it only above
+    allocations under ``KEEP_FREED_BELOW`` from the heap and trimming it only above
     ``KEEP_FREED_TOP`` of free memory removes those faults; the cost is that up to that much
     freed memory stays mapped to this process for its next use. Set where a process starts (the
     CLI's ``main``, ``run_train``, each DataLoader worker's reader); once per process; False

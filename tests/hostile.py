@@ -611,14 +611,6 @@ table(command, {
                               "train is a section of settings, not 5", "train = 5\n"),
     "config-collect-scalar": ("collect --config {settings} --steps 3 --out {out}", 2,
                               "collect is a section of settings, not 5", "collect = 5\n"),
-    "renamed-both-flags": ("collect --max-steps 300 --buffer-steps 900 --steps 3 --out {out}", 2,
-                           "collect.buffer_steps and collect.max_steps are one setting, given "
-                           "twice"),
-    "renamed-both-in-file": ("collect --config {settings} --steps 3 --out {out}", 2,
-                             "one setting, given twice",
-                             "[collect]\nmax_steps = 300\nbuffer_steps = 900\n"),
-    "renamed-both-set": ("collect --set collect.max_steps=300 --set collect.buffer_steps=900 "
-                         "--steps 3 --out {out}", 2, "one setting, given twice"),
     "env-kwargs-tworoom": ("collect --set env.kwargs.door_width=3 --steps 3 --out {out}", 2,
                            "swm/TwoRoom-v0 does not take env.kwargs {'door_width': 3}"),
     "steps-beyond-int64": (f"train --preset tiny --steps {10**30} --out {{out}}", 2,

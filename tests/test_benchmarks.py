@@ -91,8 +91,8 @@ def test_independent_peak_agrees_with_memprofiles_cpu_prediction():
 
     model = f"{ROOT}/tests/models/conv_world_model.py:build"
     shape = ["--resolution", "32", "--batch-size", "4", "--history-len", "3", "--frameskip", "1"]
-    levers = ["--bf16", "--checkpoint", "ConvStage"]
-    measured = json.loads(_run("independent_peak.py", "--model", model, *shape, *levers))
+    techniques = ["--bf16", "--checkpoint", "ConvStage"]
+    measured = json.loads(_run("independent_peak.py", "--model", model, *shape, *techniques))
     flags = {"model.factory": model, "train.batch_size": 4, "runtime.bf16": True}
     cfg = resolve_config("tiny", flags={**flags, "runtime.activation_checkpointing": "ConvStage"})
     step = {"pixels": np.zeros((32, 32, 3), np.uint8), "action": np.zeros(2, np.float32)}

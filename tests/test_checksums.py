@@ -207,25 +207,9 @@ def test_metadata_that_is_not_json_names_the_damage(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["lance", "hdf5", "folder"])
-def test_datasets_from_before_metadata_checksums_open_as_unverified(tmp_path, fmt):
+def test_metadata_without_its_checksums_is_refused(tmp_path, fmt):
     path = _small_dataset(tmp_path, fmt)
-
-    def unsealed(meta: dict) -> None:
-        del meta["field_crc32"]
-        meta["format_version"] = 1
-
-    _rewrite_metadata(path, fmt, unsealed)
-    reader = open_reader(path)
-    assert not reader.metadata_sealed and reader.num_episodes == 4
-    reader.close()
-    fields = run_info(path, verify=True).fields
-    assert fields["metadata_checksums"] == "unverified metadata"
-    assert fields["verified_episodes"] == 4
-    # Appending keeps the old format: the dataset stays readable as it was.
-    write(path, [make_episode(9, 6, resolution=8)], fmt=fmt)
-    assert run_info(path, verify=True).fields["verified_episodes"] == 5
-    # A dataset that claims the new format but lost its checksums is damage.
-    _rewrite_metadata(path, fmt, lambda meta: meta.__setitem__("format_version", 2))
+    _rewrite_metadata(path, fmt, lambda meta: meta.pop("field_crc32"))
     with pytest.raises(DatasetError, match="has no field_crc32"):
         open_reader(path)
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from swmcli import __version__
 from swmcli.cli import app
-from swmcli.cli.options import OLD_FLAGS, SETTINGS
+from swmcli.cli.options import SETTINGS
 
 runner = CliRunner()
 
@@ -92,14 +92,12 @@ def test_every_settings_option_is_a_config_field_with_its_description_as_help():
 
     commands = typer.main.get_command(app).commands
     for command, params in ((name, commands[name].params) for name in SETTINGS):
-        generated = [p for p in params if "__" in p.name and not p.hidden]
+        generated = [p for p in params if "__" in p.name]
         assert [p.name.replace("__", ".") for p in generated] == list(SETTINGS[command])
         for param in generated:
             section, key = param.name.split("__")
             field = SwmConfig.model_fields[section].annotation.model_fields[key]
             assert param.help.startswith(field.description), (command, param.name)
-        hidden = {p.name.replace("__", ".") for p in params if p.hidden}
-        assert hidden == set(OLD_FLAGS.get(command, {})), command
     # Only the settings' options are made from the config: no help text is written twice.
     other = [p.help for c in commands.values() for p in c.params if "__" not in p.name]
     descriptions = {
@@ -110,14 +108,12 @@ def test_every_settings_option_is_a_config_field_with_its_description_as_help():
     assert not descriptions & set(other)
 
 
-def test_the_users_words_are_first_class_and_old_flags_hidden():
+def test_the_users_words_are_first_class():
     """--max-steps is the ReplayBuffer's capacity on collect, memprofile and online train, listed
-    in --help; the old flags (--buffer-steps, --ring-steps, --memory-steps) still load, hidden;
-    eval has no --budget or --max-steps (its planning budget is --step-budget)."""
+    in --help; eval has no --budget or --max-steps (its planning budget is --step-budget)."""
     for command in ("collect", "memprofile", "train"):
         shown = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output
         assert "--max-steps" in shown, command
-        assert not {"--buffer-steps", "--ring-steps", "--memory-steps"} & set(shown.split())
     eval_help = runner.invoke(app, ["eval", "--help"], env={"COLUMNS": "200"}).output
     assert "--step-budget" in eval_help and "--budget " not in eval_help
     assert "--max-steps" not in eval_help

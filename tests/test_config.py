@@ -1,13 +1,11 @@
 """Config: presets validate, precedence holds, bad values are reported all at once."""
 
 import json
-import warnings
 
 import pytest
 from pydantic import ValidationError
 
 from swmcli.config import (
-    RenamedSetting,
     SwmConfig,
     load_run_config,
     preset_names,
@@ -37,10 +35,10 @@ def test_every_preset_validates(name):
 
 @pytest.mark.parametrize("name", preset_names())
 def test_every_preset_builds_its_model(name):
-    from swmcli.models.world_model import build_world_model
+    from swmcli.models.world_model import build_jepa
 
     cfg = resolve_config(preset=name)
-    model = build_world_model(
+    model = build_jepa(
         cfg.model,
         resolution=cfg.env.resolution,
         action_dim=2,
@@ -182,99 +180,6 @@ def test_a_resolved_config_is_frozen_and_with_settings_derives_a_new_one():
     assert (cfg.train.steps, cfg.runtime.bf16) == (40, False)
     with pytest.raises(UsageError, match=r"train\.steps"):
         with_settings(cfg, {"train.steps": 0})
-
-
-def test_settings_that_moved_to_runtime_name_their_new_key():
-    for old in ("train.bf16", "eval.compile", "train.cpu_threads"):
-        with pytest.raises(UsageError, match=rf"{old}: did you mean runtime\.") as caught:
-            resolve_config(sets=[f"{old}=1"])
-        assert caught.value.exit_code == 2
-
-
-def test_a_run_saved_before_the_runtime_section_still_loads(tmp_path):
-    saved = resolve_config("tiny").model_dump(mode="json")
-    runtime = saved.pop("runtime")
-    saved["train"].update(bf16=True, compile=False, cpu_threads=runtime["cpu_threads"])
-    saved["eval"].update(bf16=False, compile=False, cpu_threads=None)
-    (tmp_path / "config.json").write_text(json.dumps(saved))
-    cfg = load_run_config(tmp_path)
-    assert cfg.runtime.bf16 is True and cfg.runtime.cpu_threads == 1
-
-
-def _old_style(cfg: SwmConfig) -> dict:
-    """``cfg`` as a run saved it before each buffer capacity had its own name (and before
-    runtime): ``data.max_steps`` capped the buffer training read from, online's ring was it or
-    ``collect.max_steps``, ``eval.max_steps`` was the planning budget."""
-    saved = cfg.model_dump(mode="json")
-    saved["data"]["max_steps"] = saved["data"].pop("newest_steps")
-    saved["eval"]["max_steps"] = saved["eval"].pop("step_budget")
-    del saved["online"]["max_steps"]
-    runtime = saved["runtime"]
-    saved["train"].update({key: runtime.pop(key) for key in ("bf16", "compile", "cpu_threads")})
-    return saved
-
-
-def test_an_old_run_directory_loads_with_each_setting_under_its_new_name(tmp_path):
-    tiny = resolve_config("tiny")
-    old = _old_style(tiny)
-    assert old["collect"]["max_steps"] == 5000 and old["eval"]["max_steps"] == 30
-    (tmp_path / "config.json").write_text(json.dumps(old))
-    cfg = load_run_config(tmp_path)
-    assert cfg.collect.max_steps == 5000 and cfg.eval.step_budget == 30
-    assert cfg.data.newest_steps is None and cfg.online.max_steps == 5000  # as it trained
-    assert cfg == tiny.model_copy(update={"online": cfg.online})
-    # A run that capped its buffer: the cap was the newest episodes or online's ring alike.
-    old["data"]["max_steps"] = 300
-    (tmp_path / "config.json").write_text(json.dumps(old))
-    cfg = load_run_config(tmp_path, flags={"eval.max_steps": 7})  # eval's old --max-steps
-    assert (cfg.data.newest_steps, cfg.online.max_steps, cfg.eval.step_budget) == (300, 300, 7)
-
-
-def test_a_run_directory_of_the_interim_names_loads(tmp_path):
-    """Runs saved while the capacities were buffer_steps, ring_steps and memory_steps."""
-    tiny = resolve_config("tiny", flags={"data.newest_steps": 400, "online.max_steps": 900})
-    saved = tiny.model_dump(mode="json")
-    saved["collect"]["buffer_steps"] = saved["collect"].pop("max_steps")
-    saved["online"]["ring_steps"] = saved["online"].pop("max_steps")
-    saved["data"]["memory_steps"] = saved["data"].pop("newest_steps")
-    saved["data"]["workers"] = saved["data"].pop("worker_kind")
-    (tmp_path / "config.json").write_text(json.dumps(saved))
-    with pytest.warns(RenamedSetting):
-        assert load_run_config(tmp_path) == tiny
-
-
-def test_old_keys_in_presets_files_and_sets_load_under_their_new_names(tmp_path):
-    old_preset = tmp_path / "old.toml"
-    old_preset.write_text("[collect]\nbuffer_steps = 4000\n[eval]\nmax_steps = 20\n")
-    with pytest.warns(RenamedSetting) as said:
-        cfg = resolve_config(config_file=old_preset, sets=["data.max_steps=900"])
-    assert {str(w.message) for w in said} == {
-        "collect.buffer_steps is now collect.max_steps",
-        "eval.max_steps is now eval.step_budget",
-        "data.max_steps is now data.newest_steps and online.max_steps",
-    }
-    assert (cfg.collect.max_steps, cfg.eval.step_budget) == (4000, 20)
-    assert (cfg.data.newest_steps, cfg.online.max_steps) == (900, 900)
-    cfg = resolve_config(config_file=old_preset, sets=["collect.max_steps=50"])  # a later source
-    assert cfg.collect.max_steps == 50 and cfg.online.max_steps == 200_000
-    with pytest.warns(RenamedSetting, match="online.ring_steps is now online.max_steps"):
-        assert resolve_config(sets=["online.ring_steps=70"]).online.max_steps == 70
-
-
-def test_an_old_name_beside_its_new_one_is_refused():
-    """`--max-steps 300 --buffer-steps 900`: which one was meant cannot be told."""
-    with pytest.raises(UsageError, match="given twice"):
-        resolve_config(flags={"collect.max_steps": 300, "collect.buffer_steps": 900})
-    with pytest.raises(UsageError, match="given twice"):
-        resolve_config(sets=["data.memory_steps=5", "data.newest_steps=6"])
-
-
-def test_shipped_presets_use_current_names_only():
-    """A preset is the user's first config: loading one never warns of a renamed setting."""
-    for name in preset_names():
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", RenamedSetting)
-            resolve_config(name)
 
 
 def test_every_setting_has_a_description():

@@ -76,14 +76,12 @@ def _every_invocation() -> list[tuple[str, list[str]]]:
 
 
 def visible_flags(command) -> set[str]:
-    """The flags ``--help`` shows (a renamed setting's old flag is still accepted, hidden)."""
-    params = [p for p in command.params if not getattr(p, "hidden", False)]
-    return {"--help"} | {opt for p in params for opt in p.opts + p.secondary_opts}
+    """The flags ``--help`` shows."""
+    return {"--help"} | {opt for p in command.params for opt in p.opts + p.secondary_opts}
 
 
 def parse(args: list[str]) -> None:
-    """Parse ``swm ARGS`` as the real command line would, without running the command; a flag
-    that ``--help`` no longer shows is refused too (the docs use today's names)."""
+    """Parse ``swm ARGS`` as the real command line would, without running the command."""
     group = get_command(app)
     if not args or args[0].startswith("-"):
         TyperGroup.make_context(group, "swm", list(args))  # click's errors, not swm's line
@@ -92,9 +90,6 @@ def parse(args: list[str]) -> None:
     if command is None:
         raise ClickUsageError(f"no command {args[0]!r}")
     TyperCommand.make_context(command, args[0], list(args[1:]))
-    for flag in (arg.split("=")[0] for arg in args[1:] if arg.startswith("--")):
-        if flag not in visible_flags(command):
-            raise ClickUsageError(f"{flag} is an old name: swm {args[0]} --help shows today's")
 
 
 def test_every_swm_line_in_the_docs_parses_against_the_cli():
@@ -123,8 +118,6 @@ def test_the_parser_refuses_a_flag_that_does_not_exist():
         parse(["train", "--preset", "tiny", "--stepz", "3"])
     with pytest.raises(typer.BadParameter):
         parse(["collect", "--episodes", "N"])
-    with pytest.raises(ClickUsageError, match="old name"):
-        parse(["collect", "--buffer-steps", "5"])  # renamed --max-steps, still accepted
 
 
 def test_every_flag_named_in_the_prose_exists():

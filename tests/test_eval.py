@@ -23,7 +23,7 @@ from swmcli.data.formats import open_reader
 from swmcli.errors import CheckpointError, UsageError
 from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.runner import make_runner
-from swmcli.models.world_model import build_world_model
+from swmcli.models.world_model import build_jepa
 from swmcli.planning.episodes import run_episodes
 from swmcli.planning.planners import (
     PLANNERS,
@@ -146,7 +146,7 @@ def test_plans_aim_at_the_previous_plans_deadline_and_never_past_the_budget(
 
 def test_proprio_weight_scales_only_the_agent_state_part_of_the_cost():
     torch.manual_seed(0)
-    model = build_world_model(
+    model = build_jepa(
         ModelConfig(latent_dim=8, cnn_width=4, predictor_dim=16, predictor_depth=1),
         resolution=32,
         action_dim=2,

@@ -25,7 +25,12 @@ from swmcli.commands.memprofile import measure_rows, run_memprofile, technique_r
 from swmcli.config import resolve_config
 from swmcli.data.buffer import step_bytes
 from swmcli.envs.recording import sample_episodes
-from swmcli.memory.fitting import applicable_levers, cheapest_fitting, combinations, plan_sentence
+from swmcli.memory.fitting import (
+    applicable_techniques,
+    cheapest_fitting,
+    combinations,
+    plan_sentence,
+)
 from swmcli.memory.measure import LiveTensorBytes, MemoryMonitor
 from swmcli.memory.predict import DEVICES, PeakPredictor, Variant, largest_fitting
 from swmcli.memory.trace import (
@@ -102,7 +107,7 @@ def test_prediction_equals_real_cpu_live_peak(tiny, changes):
 
 @pytest.mark.parametrize(
     ("factory", "modules"),
-    [(None, "blocks"), (USER_MODEL, "Linear"), (CONV_MODEL, "ConvStage")],
+    [(None, "layers"), (USER_MODEL, "Linear"), (CONV_MODEL, "ConvStage")],
     ids=["swm-model", "mlp-model", "conv-model"],
 )
 @pytest.mark.parametrize(
@@ -112,12 +117,12 @@ def test_prediction_equals_real_cpu_live_peak(tiny, changes):
     ids=["plain", "checkpointing", "optimizer-in-backward", "bf16-optimizer-in-backward",
          "bf16-checkpointing"],
 )  # fmt: skip
-def test_prediction_with_levers_equals_real_cpu_live_peak(factory, modules, changes):
+def test_prediction_with_techniques_equals_real_cpu_live_peak(factory, modules, changes):
     """Traced for CUDA (bf16: CUDA autocast's float32 casts, kept when a checkpointed GroupNorm
     is recomputed), fake against real CPU tensors under the same casts."""
     cfg = resolve_config("tiny", sets=[f'model.factory="{factory}"'] if factory else None)
     if changes.get("checkpointing"):
-        changes = {**changes, "checkpointing": modules}  # an MLP has no blocks: per module type
+        changes = {**changes, "checkpointing": modules}  # an MLP has no layers: per module type
     predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
     variant = replace(Variant("train", False, 8, cfg.data.history_len, 1), **changes)
     model = predictor.model(variant.history_len, variant.frameskip, variant.checkpointing)
@@ -159,7 +164,7 @@ def test_fake_and_real_traces_agree_by_category(tiny):
     for category, real_bytes in real.by_category.items():
         assert fake.by_category[category] == pytest.approx(real_bytes, rel=0.01, abs=4096)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert fake.by_category["parameters"] >= params  # rounded up to 512-byte blocks
+    assert fake.by_category["parameters"] >= params  # each storage rounded up to 512 bytes
 
 
 def test_tracer_names_gradients_and_optimizer_state():
@@ -271,22 +276,22 @@ def test_run_memprofile_reports_every_technique_and_buffer(tiny_result):
     compile_row = next(row for row in result.tables[0].rows if row[0].startswith("torch.compile"))
     assert compile_row[2] == "measured on GPU"
     assert [phase.name for phase in monitor.report.phases] == ["sample", "predict"]
-    # The levers, one row each, and every combination of them under the budget: none is needed.
+    # The techniques, one row each, and every combination of them under the budget: none is needed.
     for name in ("optimizer in backward (no clipping)", "activation checkpointing"):
         assert name in techniques
     assert len(result.tables[-1].rows) == 2**3  # bf16, optimizer in backward, checkpointing
-    assert fields["plan"].startswith("to train B=16 at 32 in 1.00 GiB: no lever;")
+    assert fields["plan"].startswith("to train B=16 at 32 in 1.00 GiB: no technique;")
 
 
-def test_plan_picks_the_cheapest_levers_that_fit(tiny):
+def test_plan_picks_the_cheapest_techniques_that_fit(tiny):
     cfg, predictor = tiny
-    levers = applicable_levers(cfg, predictor)
-    options = combinations(predictor, tiny_variant(cfg, batch_size=64), levers)
+    techniques = applicable_techniques(cfg, predictor)
+    options = combinations(predictor, tiny_variant(cfg, batch_size=64), techniques)
     by_name = {option.name: option for option in options}
     # A budget that bf16 alone meets: the plan is bf16, the cheapest, even where a dearer set
     # would leave more room.
     budget = by_name["bf16"].needed_bytes
-    assert by_name["no lever"].needed_bytes > budget
+    assert by_name["no technique"].needed_bytes > budget
     assert cheapest_fitting(options, budget).name == "bf16"
     everything = by_name["bf16 + optimizer in backward (no clipping) + activation checkpointing"]
     assert everything.needed_bytes < budget
@@ -305,7 +310,7 @@ def test_cli_profiles_a_user_model_with_its_plan_and_picture(tmp_path):
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout.strip().splitlines()[-1])
     assert payload["model"] == "MLPWorldModel from " + model
-    assert payload["plan"].startswith("to train B=64 at 224 in 24.00 GiB: no lever;")
+    assert payload["plan"].startswith("to train B=64 at 224 in 24.00 GiB: no technique;")
     assert picture.read_bytes()[:4] == b"\x89PNG"
     lacking = CliRunner().invoke(
         app, ["memprofile", "--model", model.replace(":build", ":build_without_predict")]
@@ -321,7 +326,7 @@ def _memprofile_json(*flags: str) -> dict:
 
 
 def test_a_conv_groupnorm_model_is_predicted_for_cuda_or_the_cpu_and_skips_rows_it_cannot_take():
-    """bf16 + checkpointing GroupNorm blocks predicts (it crashed: recomputed in bf16 what the
+    """bf16 + checkpointing GroupNorm stages predicts (it crashed: recomputed in bf16 what the
     forward saved in float32); a model capped at 3 time steps skips the longer rows with a note;
     the table says whose semantics it follows, and the CPU's bf16 keeps GroupNorm in bf16."""
     flags = ["--model", CONV_MODEL, "--bf16", "--activation-checkpointing", "ConvStage"]
@@ -400,7 +405,7 @@ def test_snapshot_without_cuda_is_a_usage_error(tmp_path):
 def test_gpu_measured_peaks_within_10_percent_of_prediction(tmp_path):
     cfg = resolve_config("tworoom-224")
     predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
-    rows = technique_rows(cfg, applicable_levers(cfg, predictor))
+    rows = technique_rows(cfg, applicable_techniques(cfg, predictor))
     rows = [row for row in rows if not row.variant.compile]
     for row in rows:
         row.predicted = predictor.predict(row.variant)

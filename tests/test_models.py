@@ -12,7 +12,7 @@ from swmcli.models.interface import Objective
 from swmcli.models.losses import effective_rank, sigreg, vicreg
 from swmcli.models.rollout import rollout
 from swmcli.models.state import StateFeatures
-from swmcli.models.world_model import build_world_model
+from swmcli.models.world_model import build_jepa
 
 TINY = ModelConfig(
     latent_dim=16, cnn_width=8, predictor_dim=32, predictor_depth=1, predictor_heads=2
@@ -21,7 +21,7 @@ TINY = ModelConfig(
 
 def _model(cfg=TINY, history_len=3, frameskip=2):
     torch.manual_seed(0)
-    return build_world_model(
+    return build_jepa(
         cfg, resolution=32, action_dim=2, frameskip=frameskip, history_len=history_len
     )
 
@@ -196,7 +196,7 @@ def test_state_features_put_angles_on_the_circle_and_values_in_their_units():
 def test_the_latent_learns_to_read_the_recorded_state():
     cfg = TINY.model_copy(update={"state_weight": 1.0, "state_units": [4.0, 4.0]})
     torch.manual_seed(0)
-    model = build_world_model(
+    model = build_jepa(
         cfg, resolution=32, action_dim=2, frameskip=2, history_len=3, state_size=2
     )
     objective = Objective(model, cfg)
@@ -221,7 +221,7 @@ def test_the_latent_learns_to_read_the_recorded_state():
     read = model.encode(batch["pixels"])[..., :2] * 4.0  # the first values, in pixels
     assert (read - batch["state"]).abs().mean().item() < 2.0
     with pytest.raises(UsageError, match="latent_dim is 1"):
-        build_world_model(
+        build_jepa(
             cfg.model_copy(update={"latent_dim": 1}),
             resolution=32,
             action_dim=2,
@@ -258,7 +258,7 @@ def test_a_full_disk_while_checkpointing_is_one_error_and_leaves_no_partial(tmp_
 
 
 def test_proprio_joins_the_latent_standardized_and_is_required_once_trained_with():
-    model = build_world_model(
+    model = build_jepa(
         TINY, resolution=32, action_dim=2, frameskip=2, history_len=3, proprio_dim=4
     )
     batch = _batch()
@@ -281,7 +281,7 @@ def test_a_model_without_proprio_is_the_model_it_was():
     assert plain.proprio_dims == 0 and not hasattr(plain, "proprio_norm")
     before = {key for key in plain.state_dict()}
     torch.manual_seed(0)
-    again = build_world_model(
+    again = build_jepa(
         TINY, resolution=32, action_dim=2, frameskip=2, history_len=3, proprio_dim=0
     )
     assert set(again.state_dict()) == before  # old checkpoints load as they did

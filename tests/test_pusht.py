@@ -303,7 +303,7 @@ def test_the_planner_plans_from_the_pose_the_reader_reads_not_the_envs(pusht_run
     import pusht_state_dynamics as bench
     from pusht_reader import read_state
 
-    from swmcli.models.pusht_state import PoseReader, pose_features
+    from swmcli.zoo.pusht_state import PoseReader, pose_features
 
     cfg = _cfg(pusht_run)
     units = [20.0, 20.0, 20.0, 20.0, float(pusht.SUCCESS_ANGLE)]

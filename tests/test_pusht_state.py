@@ -1,4 +1,4 @@
-"""The Push-T state model (``swmcli.models.pusht_state``, preset ``pusht-state-64``) without
+"""The Push-T state model (``swmcli.zoo.pusht_state``, preset ``pusht-state-64``) without
 gym-pusht: its predictor's geometry, what its latent holds, and ``swm train`` of it on data laid
 out as gym-pusht's (tests/test_pusht.py trains and plans it on gym-pusht's own)."""
 
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from swmcli.data.formats import open_writer
-from swmcli.models.pusht_state import (
+from swmcli.training.checkpoints import load_checkpoint
+from swmcli.zoo.pusht_state import (
     ARENA,
     POSITION_UNIT,
     VELOCITY_UNIT,
@@ -22,7 +23,6 @@ from swmcli.models.pusht_state import (
     build,
     state_latent,
 )
-from swmcli.training.checkpoints import load_checkpoint
 
 FRAMESKIP = 5
 

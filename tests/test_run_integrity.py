@@ -88,14 +88,13 @@ def test_a_damaged_checkpoint_names_itself_and_the_last_good_one(run_copy):
     assert load_checkpoint(run_copy)["step"] == 2
 
 
-def test_checkpoints_from_before_checksums_load_unverified(run_copy, capsys):
+def test_a_checkpoint_without_its_checksum_is_refused(run_copy):
     path = checkpoint_path(run_copy)
     state = torch.load(path, weights_only=True)
-    for key in ("checksum", "config", "data"):
-        del state[key]
+    del state["checksum"]
     torch.save(state, path)
-    assert load_checkpoint(run_copy)["step"] == 4
-    assert "unverified" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match="do not match their checksum"):
+        load_checkpoint(run_copy)
 
 
 def test_non_finite_weights_are_refused_on_load_and_never_saved(run_copy):
@@ -164,17 +163,6 @@ def test_resume_applies_runtime_flags_refuses_the_rest_and_restores_data_json(ru
     assert load_run_config(run_copy).runtime.bf16  # applied and saved with the run
     assert load_checkpoint(run_copy)["step"] == 6
     assert json.loads((run_copy / "data.json").read_text())["episodes"] == 10
-
-
-def test_an_old_run_without_data_json_is_refused_not_skipped(run_copy, tiny_data):
-    from swmcli.training.checkpoints import check_data_fingerprint
-
-    state = load_checkpoint(run_copy)
-    fingerprint = json.loads((run_copy / "data.json").read_text())
-    (run_copy / "data.json").unlink()
-    state["data"] = None  # what a checkpoint from before checksums holds
-    with pytest.raises(CheckpointError, match=r"data\.json is missing"):
-        check_data_fingerprint(run_copy, fingerprint, state, write=False)
 
 
 def test_impossible_settings_are_refused_before_any_work(tiny_run):

@@ -6,7 +6,7 @@ import torch
 from swmcli.config import ModelConfig
 from swmcli.models.interface import Objective
 from swmcli.models.runner import choose_dtype, make_runner
-from swmcli.models.world_model import build_world_model
+from swmcli.models.world_model import build_jepa
 
 TINY = ModelConfig(
     latent_dim=16, cnn_width=8, predictor_dim=32, predictor_depth=1, predictor_heads=2
@@ -15,7 +15,7 @@ TINY = ModelConfig(
 
 def _model():
     torch.manual_seed(0)
-    return build_world_model(TINY, resolution=32, action_dim=2, frameskip=1, history_len=3)
+    return build_jepa(TINY, resolution=32, action_dim=2, frameskip=1, history_len=3)
 
 
 def _numpy_batch():

@@ -169,36 +169,6 @@ def test_lance_is_readable_without_swm(tmp_path):
     assert lancedb.connect(tmp_path / "db").open_table("episodes").count_rows() == 15
 
 
-def test_lance_frames_of_older_datasets_read_and_append_as_they_are(tmp_path, monkeypatch):
-    """Datasets written before LZ4 frames hold raw frames in a Lance-zstd column."""
-    import lance
-    import pyarrow as pa
-
-    from swmcli.data.storage import lance as lance_store
-
-    def zstd_schema(schema, metadata):
-        arrow = new_schema(schema, metadata)
-        old = pa.field("pixels", pa.large_binary(), metadata={"lance-encoding:compression": "zstd"})
-        return arrow.set(arrow.get_field_index("pixels"), old)
-
-    new_schema = lance_store._arrow_schema
-    path = tmp_path / "old.lance"
-    episodes = [make_episode(seed, 4) for seed in range(3)]
-    monkeypatch.setattr(lance_store, "_arrow_schema", zstd_schema)
-    write(path, episodes[:2])
-    monkeypatch.undo()
-    write(path, episodes[2:])  # appended by today's writer: still raw frames
-    assert b"swm:codec" not in (lance.dataset(str(path)).schema.field("pixels").metadata or {})
-    frame = lance.dataset(str(path)).take([9], columns=["pixels"]).column(0)[0].as_py()
-    assert frame == episodes[2]["pixels"][1].tobytes()
-    reader = open_reader(path)
-    for index, episode in enumerate(episodes):
-        assert_same_episode(reader.read_episode(index), episode)
-    rows = np.array([9, 0, 5, 9])
-    want = np.concatenate([e["pixels"] for e in episodes])[rows]
-    np.testing.assert_array_equal(reader.read_rows("pixels", rows), want)
-
-
 def test_lance_frames_in_a_codec_this_swm_does_not_know_are_refused_at_open(tmp_path, monkeypatch):
     from swmcli.data.storage import lance as lance_store
 
@@ -274,29 +244,6 @@ def test_hdf5_lz4_frames_round_trip(tmp_path):
     with h5py.File(path, "r") as file:
         chunk = file["pixels"].id.read_direct_chunk((0, 0, 0, 0))[1]
         assert len(chunk) < 32 * 32 * 3 // 4  # the smooth frame really is compressed
-
-
-def test_hdf5_gzip_frames_of_older_files_read_and_append(tmp_path):
-    path = tmp_path / "d.h5"
-    episodes = [smooth_episode(0, 5), smooth_episode(1, 3)]
-    write(path, episodes[:1])
-    with h5py.File(path, "r+") as file:  # the layout swm wrote before LZ4: gzip frames
-        del file["pixels"]
-        file.create_dataset(
-            "pixels",
-            data=episodes[0]["pixels"],
-            maxshape=(None, 32, 32, 3),
-            chunks=(1, 32, 32, 3),
-            compression="gzip",
-            compression_opts=1,
-        )
-    write(path, episodes[1:])
-    with h5py.File(path, "r") as file:
-        assert file["pixels"].compression == "gzip"  # appending kept the file's codec
-    reader = open_reader(path)
-    for index, episode in enumerate(episodes):
-        assert_same_episode(reader.read_episode(index), episode)
-    reader.close()
 
 
 def test_missing_path_and_other_formats_are_clear_errors(tmp_path):

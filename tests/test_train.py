@@ -192,15 +192,16 @@ def test_learning_rate_warms_up_then_decays():
     assert all(a >= b for a, b in itertools.pairwise(rates[5:]))
 
 
-def test_compile_with_levers_trains_to_the_eager_losses_and_saves_plain_weights(
+def test_compile_with_techniques_trains_to_the_eager_losses_and_saves_plain_weights(
     tiny_data, tmp_path
 ):
     from torch._dynamo.utils import counters
 
     counters.clear()
     run_dir = tmp_path / "run"
-    levers = {"runtime.activation_checkpointing": "blocks", "runtime.optimizer_in_backward": True}
-    flags = {"train.steps": 3, "train.log_every": 1, "train.grad_clip": 0, **levers}
+    techniques = {"runtime.activation_checkpointing": "layers"}
+    techniques |= {"runtime.optimizer_in_backward": True}
+    flags = {"train.steps": 3, "train.log_every": 1, "train.grad_clip": 0, **techniques}
     monitor = MemoryMonitor(track_tensors=True)  # as the CLI makes it
     result = run_train(_cfg(tiny_data, run_dir, **flags, **{"runtime.compile": True}), monitor)
     run_train(_cfg(tiny_data, tmp_path / "eager", **flags), MemoryMonitor())

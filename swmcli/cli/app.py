@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from swmcli import __version__
-from swmcli.cli.options import Sets, SwmGroup, add_command, given, renamed_settings_said
+from swmcli.cli.options import Sets, SwmGroup, add_command, given
 from swmcli.errors import SwmError, blame_user, describe_unexpected
 from swmcli.host import keep_freed_memory
 
@@ -73,9 +73,8 @@ def reported(as_json: bool, track_tensors: bool = False) -> Iterator[Job]:
 
     _quiet_torch_internals()
     try:
-        with renamed_settings_said():
-            job = Job(MemoryMonitor(track_tensors=track_tensors))
-            yield job
+        job = Job(MemoryMonitor(track_tensors=track_tensors))
+        yield job
         if job.result is not None:
             report.emit(job.result, job.monitor.report, as_json)
     except SwmError as err:
@@ -218,7 +217,7 @@ def info(
     "swm train --preset tworoom-64 --online --env swm/TwoRoom-v0 --record data/online.lance",
     "swm train --preset tiny --nproc 2",
     "swm train --preset tiny --model tests/models/mlp_world_model.py:build",
-    "swm train --preset vit-b-224 --bf16 --activation-checkpointing blocks",
+    "swm train --preset vit-b-224 --bf16 --activation-checkpointing layers",
     "swm train --preset tiny --nproc 2 --shard",
     "swm train --preset tiny --data s3://swm-bucket/tworoom/tiny.lance --out runs/tiny-s3",
 )

@@ -7,7 +7,6 @@ names types in words, and bad usage as swm's own one-line error.
 """
 
 import inspect
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from swmcli.config import RenamedSetting, SwmConfig, resolve_config
+from swmcli.config import SwmConfig, resolve_config
 
 # The settings each command's options set, in --help order.
 SETTINGS = {
@@ -48,22 +47,12 @@ SETTINGS = {
         "train.freeze", "memprofile.picture", "memprofile.predict_for",
     ),
 }  # fmt: skip
-# Flags of renamed settings, still accepted (hidden): they set the old key, read through
-# config.RENAMED with the meaning it had.
-OLD_FLAGS = {
-    "collect": {"collect.buffer_steps": ("--buffer-steps",)},
-    "train": {"data.memory_steps": ("--memory-steps",), "online.ring_steps": ("--ring-steps",)},
-    "memprofile": {"collect.buffer_steps": ("--buffer-steps",)},
-}
 
 
 def settings_options(command: str, default_note: str | None) -> dict[str, inspect.Parameter]:
-    """``{section.key: keyword parameter}``: the options of ``command``'s settings, then the hidden
-    old flags; ``default_note`` replaces each default in the help (e.g. "the run's setting")."""
-    options = {dotted: _setting_option(dotted, default_note) for dotted in SETTINGS[command]}
-    for dotted, flags in OLD_FLAGS.get(command, {}).items():
-        options[dotted] = _keyword(dotted, Annotated[str | None, typer.Option(*flags, hidden=True)])
-    return options
+    """``{section.key: keyword parameter}``: the options of ``command``'s settings;
+    ``default_note`` replaces each default in the help (e.g. "the run's setting")."""
+    return {dotted: _setting_option(dotted, default_note) for dotted in SETTINGS[command]}
 
 
 def _field(dotted: str):
@@ -175,26 +164,6 @@ class _HelpInWords(TyperCommand):
         return [self.options_metavar, *names]
 
 
-@contextmanager
-def renamed_settings_said() -> Iterator[None]:
-    """An old setting's name (``config.RenamedSetting``) said once, as swm's ``warning:`` line."""
-    from swmcli import report
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always", RenamedSetting)  # each command says each rename once
-        show, shown = warnings.showwarning, set()
-
-        def said(message, category, *args, **kwargs) -> None:
-            if not issubclass(category, RenamedSetting):
-                show(message, category, *args, **kwargs)
-            elif str(message) not in shown:
-                shown.add(str(message))
-                report.warn(f"{message}: the old name still loads; use the new one")
-
-        warnings.showwarning = said
-        yield
-
-
 @dataclass(frozen=True)
 class Given:
     """What one invocation of a command gave: its settings flags (``{"section.key": value}``,
@@ -248,6 +217,4 @@ def given(command: str, options: dict[str, Any]) -> Given:
     """The ``Given`` of ``command``'s invocation, from the keyword arguments Typer passed its
     ``**options`` (``env__id=...``, ``preset=...``)."""
     settings = {dotted: options.get(dotted.replace(".", "__")) for dotted in SETTINGS[command]}
-    for dotted in OLD_FLAGS.get(command, {}):
-        settings[dotted] = options.get(dotted.replace(".", "__"))
     return Given(settings, options.get("preset"), options.get("config"), options.get("set_") or [])

@@ -123,7 +123,7 @@ def _info(path: str | Path, verify: bool, mapping: list[str] | None) -> CommandR
             "per_step_bytes": on_disk // steps if steps else None,
         }
         fields.update({k: v for k, v in reader.metadata.items() if k != "keys"})
-        # Datasets written before metadata checksums (and foreign ones) cannot be checked.
+        # Another tool's datasets carry no metadata checksums: theirs cannot be checked.
         sealed = reader.metadata_sealed
         fields["metadata_checksums"] = "verified" if sealed else "unverified metadata"
         fields.update(verified)

@@ -4,7 +4,8 @@ Prediction runs one training step (forward, backward, clip, AdamW step: twice, s
 state exists) and one eval step of the configured world model on fake tensors, and reports the
 peak of live tensor bytes by category (``swmcli.memory.trace.trace_step_peak``), as the step runs
 on CUDA (the default) or on the CPU (``memprofile.predict_for``). Each technique is one row: fp32
-vs bf16 autocast, train vs eval with gradients vs gradient-free eval, each lever; then the extra
+vs bf16 autocast, train vs eval with gradients vs gradient-free eval, each technique of the
+training step (activation checkpointing, the optimizer in backward, sharding); then the extra
 rows, other clip shapes (frameskip, history length, batch size), which a model that cannot take
 them skips with a note; torch.compile cannot be traced on fake CPU tensors and is measured on
 a GPU. On a GPU every row is also run for real after a warm-up step and its allocator peaks are
@@ -30,15 +31,14 @@ from swmcli.errors import SwmError, UsageError, first_line
 from swmcli.host import available_host_bytes
 from swmcli.memory.fitting import (
     Combination,
-    Lever,
-    applicable_levers,
+    Technique,
+    applicable_techniques,
     cheapest_fitting,
     combinations,
     draw_combinations,
     plan_sentence,
-    without_levers,
+    without_techniques,
 )
-from swmcli.memory.levers import check_lever_combination, make_optimizer
 from swmcli.memory.predict import (
     PeakPredictor,
     Variant,
@@ -62,6 +62,8 @@ from swmcli.memory.trace import (
 )
 from swmcli.models.interface import Objective
 from swmcli.report import CommandResult, Table
+from swmcli.training.recipe import make_optimizer
+from swmcli.training.techniques import check_combination
 from swmcli.units import format_bytes, format_gb
 
 DEVICE_WORDS = {"cuda": "CUDA", "cpu": "the CPU"}
@@ -191,11 +193,11 @@ def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
 # --- the rows and the result -----------------------------------------------------------------
 
 
-def technique_rows(cfg: SwmConfig, levers: list[Lever]) -> list[Row]:
+def technique_rows(cfg: SwmConfig, techniques: list[Technique]) -> list[Row]:
     """One row per technique, each against the fp32 eager training baseline (the first row);
-    each of ``levers`` is one row too."""
+    each of the training step's ``techniques`` is one row too."""
     configured = _configured(cfg)
-    base = without_levers(configured)
+    base = without_techniques(configured)
     history, frameskip = base.history_len, base.frameskip
     rows = [
         Row("fp32 train (baseline)", base),
@@ -205,8 +207,8 @@ def technique_rows(cfg: SwmConfig, levers: list[Lever]) -> list[Row]:
         Row("gradient-free eval", replace(base, kind="eval", grad_free=True)),
         Row("gradient-free eval + bf16", replace(base, kind="eval", grad_free=True, bf16=True)),
     ]
-    for lever in levers[1:]:  # bf16 has its rows above
-        rows.append(Row(lever.name, replace(base, **dict(lever.settings))))
+    for technique in techniques[1:]:  # bf16 has its rows above
+        rows.append(Row(technique.name, replace(base, **dict(technique.settings))))
     if frameskip > 1:
         same_span = replace(configured, history_len=history * frameskip, frameskip=1)
         span = f"frameskip 1, same span ({history * frameskip} frames)"
@@ -246,7 +248,7 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
     """Predict (and on CUDA measure) peak memory per technique; buffer RAM, disk and budgets."""
     import torch
 
-    check_lever_combination(cfg)
+    check_combination(cfg)
     device = cfg.memprofile.predict_for
     on_cuda = torch.cuda.is_available() and device == "cuda"  # measure what is predicted
     if snapshot is not None and not on_cuda:
@@ -269,11 +271,13 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
     del episodes
 
     predictor = PeakPredictor(cfg, step, device)
-    levers = applicable_levers(cfg, predictor)
+    techniques = applicable_techniques(cfg, predictor)
     with monitor.phase("predict"):
-        rows, skipped = predict_rows(technique_rows(cfg, levers), predictor)
+        rows, skipped = predict_rows(technique_rows(cfg, techniques), predictor)
         budget_fit = _fit_budget(cfg, predictor, rows)
-        options = combinations(predictor, _configured(cfg), levers) if cfg.memprofile.budget else []
+        options = (
+            combinations(predictor, _configured(cfg), techniques) if cfg.memprofile.budget else []
+        )
     if on_cuda and cfg.runtime.nproc == 1:
         measure_rows(rows, predictor, monitor, snapshot)
 
@@ -284,7 +288,7 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
         budget = cfg.memprofile.budget
         fields["plan"] = plan_sentence(options, budget, cfg.env.resolution)
         chosen = cheapest_fitting(options, budget)
-        fields["plan_levers"] = [lever.name for lever in chosen.levers] if chosen else None
+        fields["plan_techniques"] = [one.name for one in chosen.techniques] if chosen else None
         tables.append(_combination_table(options, budget))
         notes.insert(0, fields["plan"])
     if cfg.memprofile.picture is not None:
@@ -298,12 +302,12 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
 
 def _as_combination(row: Row, predictor: PeakPredictor) -> Combination:
     """A technique row drawn as a bar (no budget asked: the rows are the bars)."""
-    lever = Lever(row.technique, 0, ())
-    return Combination((lever,), row.variant, row.predicted, predictor.needed_bytes(row.variant))
+    bar = Technique(row.technique, 0, ())
+    return Combination((bar,), row.variant, row.predicted, predictor.needed_bytes(row.variant))
 
 
 def _combination_table(options: list[Combination], budget: int) -> Table:
-    columns = ["levers", "price", "predicted_peak_bytes", "needs_bytes", "fits"]
+    columns = ["techniques", "price", "predicted_peak_bytes", "needs_bytes", "fits"]
     columns += ["model_state_bytes", "activation_bytes"]
     model_state = ("parameters", "buffers", "gradients", "optimizer_state", "ddp_buckets")
     cells = []
@@ -322,7 +326,7 @@ def _combination_table(options: list[Combination], budget: int) -> Table:
             ]
         )
     return Table(
-        "training step per combination of levers (needs = peak + CUDA allowance; price: lower "
+        "training step per combination of techniques (needs = peak + CUDA allowance; price: lower "
         "is cheaper; model state = weights, gradients, optimizer; activations incl. inputs)",
         columns,
         cells,
@@ -330,7 +334,7 @@ def _combination_table(options: list[Combination], budget: int) -> Table:
 
 
 def _configured(cfg: SwmConfig, kind: str = "train") -> Variant:
-    """The variant the config runs: training (with its levers), or gradient-free eval, at its
+    """The variant the config runs: training (with its techniques), or gradient-free eval, at its
     precision."""
     if kind == "train":
         return configured_variant(cfg, cfg.train.batch_size)
@@ -468,8 +472,8 @@ def _semantics_notes(device: str) -> list[str]:
         ]
     return [
         "Predicted for CUDA on fake CPU tensors (FakeTensorMode; bf16 rows: CPU autocast plus the "
-        "float32 casts CUDA autocast makes), sizes rounded to the CUDA allocator's 512-byte "
-        "blocks; --predict-for cpu predicts a CPU's step. Not included: the CUDA context, "
+        "float32 casts CUDA autocast makes), sizes rounded up to 512 bytes as the CUDA allocator "
+        "rounds them; --predict-for cpu predicts a CPU's step. Not included: the CUDA context, "
         "cuBLAS/cuDNN workspaces and allocator fragmentation; budgets add an allowance for them "
         f"of {format_bytes(CUDA_CONTEXT_BYTES + CUDA_WORKSPACE_BYTES)} + "
         f"{ALLOCATOR_OVERHEAD:.0%} of the peak."

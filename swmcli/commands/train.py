@@ -1,10 +1,11 @@
 """`swm train`: train a world model on clips from a dataset, or collected online.
 
-Read top to bottom: ``run_train`` takes the run directory's lock, sets up (``_set_up``: the
-run's config, the device, the data, the model with its levers, AdamW, the checkpoint when
-resuming), then loops over the steps: ``grad_accum`` micro-batches through
-``training.step.optimizer_step`` (the very step ``swm memprofile`` traces), a log line, a
-checkpoint every ``checkpoint_every`` steps; ``_result`` reports.
+Read top to bottom: ``_set_up`` builds what a run trains with (``_Run``): the run's config and
+device, then the data, the model (``training.recipe``: seeded, its memory techniques on), the
+optimizer, the checkpoint when resuming; ``run_train`` takes the run directory's lock, sets up,
+then loops over the steps: ``grad_accum`` micro-batches through ``training.step.optimizer_step``
+(the very step ``swm memprofile`` traces), a log line, a checkpoint every ``checkpoint_every``
+steps; ``_result`` reports.
 
 The loop reads its clips through ``training.sources.TrainingData`` only: a dataset's episodes
 streamed from disk or loaded into a ReplayBuffer when they fit the RAM budget (``StoredData``),
@@ -34,14 +35,13 @@ from swmcli.data.storage.lock import run_lock
 from swmcli.errors import UsageError
 from swmcli.host import keep_freed_memory
 from swmcli.interrupts import deferred_interrupts
-from swmcli.memory import levers
 from swmcli.memory.measure import rank_peaks
 from swmcli.memory.predict import check_training_fits
-from swmcli.models.interface import Objective, model_args
+from swmcli.models.interface import model_args
 from swmcli.models.outputs import check_finite, faults_named
 from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
 from swmcli.report import CommandResult, format_seconds, info, progress, silence, warn
-from swmcli.training import checkpoints, distributed
+from swmcli.training import checkpoints, distributed, recipe, techniques
 from swmcli.training.loggers import check_installed, log_once
 from swmcli.training.metrics import (
     LOSS_CURVE_FILE,
@@ -51,7 +51,7 @@ from swmcli.training.metrics import (
     trim_metrics,
 )
 from swmcli.training.online import OnlineData
-from swmcli.training.run_directory import run_config, stopped_after
+from swmcli.training.run_directory import resumable_items, run_config, stopped_after
 from swmcli.training.sources import ActionCheck, StoredData, TrainingData
 from swmcli.training.step import RankMeetings, learning_rate, model_bytes, optimizer_step
 from swmcli.units import format_bytes
@@ -60,6 +60,108 @@ from swmcli.units import format_bytes
 # only as it touches them, the second counts them from its start; later steps are alike, untracked.
 TRACKED_STEADY_STEPS = 2
 NOT_LOSS = ("grad_norm", "lr", "clips_per_s")  # logged figures that are not the model's loss terms
+
+
+@dataclass
+class _Run:
+    """What the training loop trains with (``_set_up`` builds it)."""
+
+    cfg: config.SwmConfig  # the run's config, as saved in its directory
+    run_dir: Path
+    world: Any
+    runner: Any
+    data: TrainingData
+    model: Any  # the world model, as checkpoints hold it
+    net: Any  # what a step runs: the model's objective, or its data-parallel wrapper
+    optimizer: Any
+    args: dict[str, int]  # ``model_args``: the clip shape the model is built for
+    predicted_bytes: int  # the preflight's prediction of a training step's peak
+    start: int  # the first step to train (0, or the checkpoint's step)
+    batches: Iterator[dict]  # the host batches of steps ``start ..``, in order
+    fingerprint: dict | None  # what the stored data looks like (``data_fingerprint``)
+
+    def checkpoint(self, step: int) -> None:
+        """Save the run at ``step`` with its config and data fingerprint (rank 0; atomic)."""
+        # Every rank: a sharded run gathers its shards here; rank 0 writes.
+        model_state, optimizer_state = techniques.training_state(
+            self.model, self.net, self.optimizer, self.cfg.runtime.shard
+        )
+        if self.world.is_main:
+            checkpoints.save_checkpoint(
+                self.run_dir,
+                model=model_state,
+                optimizer=optimizer_state,
+                step=step,
+                model_args=self.args,
+                config_text=config.config_text(self.cfg, own_loss=hasattr(self.model, "loss")),
+                data_fingerprint=self.fingerprint,
+            )
+
+
+def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
+    """What the run trains with: its config and directory, the device, then the data, the model,
+    the optimizer and the first step."""
+    check_installed(cfg.train.loggers)
+    cfg = run_config(cfg, resume, world)
+    run_dir = Path(cfg.train.out)
+    state = checkpoints.load_checkpoint(run_dir) if resume else None  # verified
+    start = state["step"] if state else 0
+    if start >= cfg.train.steps:
+        raise UsageError(
+            f"{run_dir} is already trained to step {start}",
+            hint=f"pass --steps larger than {start} to train further",
+        )
+    runner = make_runner(
+        bf16=cfg.runtime.bf16,
+        compile=cfg.runtime.compile,
+        device=distributed.rank_device(world),
+        cpu_threads=cfg.runtime.cpu_threads,
+    )
+    if note := untrack_tensors_if_compiling(runner, monitor):
+        info(note)
+    compiled = "on" if runner.compile else "off"
+    info(f"device {runner.device}; {runner.dtype_reason}; compile {compiled}")
+    if world.size > 1:
+        share = distributed.check_batch_split(world, cfg.train.batch_size)
+        info(f"data-parallel: {world.size} ranks, each reads {share} clips of every batch")
+    fingerprint = None
+    with monitor.phase("preflight", track_tensors=False):
+        if cfg.online.enabled and world.size > 1:
+            raise UsageError(
+                "--online collects and trains in one process: it does not run data-parallel",
+                hint="drop --nproc (or torchrun), or train data-parallel from a dataset",
+            )
+        data = OnlineData(cfg, resume) if cfg.online.enabled else StoredData(cfg, world)
+        args = model_args(cfg, data.metadata)
+        needed = check_training_fits(cfg, args, runner.device)
+        info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
+        if data.episode_lengths is not None:  # a stored dataset: resuming needs the same one
+            fingerprint = checkpoints.data_fingerprint(data.episode_lengths)
+            checkpoints.check_data_fingerprint(run_dir, fingerprint, state, write=world.is_main)
+    if data.loads:
+        with monitor.phase("load into memory"):
+            data.load()
+    with monitor.phase("setup"):
+        model = recipe.model_to_train(cfg, data.metadata)
+        if state:
+            checkpoints.restore_model(model, state, checkpoints.checkpoint_path(run_dir))
+        elif cfg.train.init_from:
+            info(checkpoints.init_from_run(model, cfg.train.init_from))
+        runner.prepare(model)
+        net = recipe.net_to_train(model, cfg, world, runner.device)
+        # After .to(device) and sharding: the optimizer's state sits where the parameters do.
+        optimizer = recipe.make_optimizer(model, cfg.train, cfg.runtime.optimizer_in_backward)
+        if state:
+            techniques.restore_optimizer(net, optimizer, state["optimizer"], cfg.runtime.shard)
+        data.use_model(model, runner)
+        batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...
+        if state:
+            checkpoints.restore_rng(state)  # ... so the checkpointed state is restored after it
+        if world.is_main and (damaged := trim_metrics(run_dir / METRICS_FILE, start)):
+            warn(f"{run_dir / METRICS_FILE}: {damaged} damaged line(s) dropped")
+    model.train()
+    return _Run(cfg, run_dir, world, runner, data, model, net, optimizer, args, needed, start,
+                batches, fingerprint)  # fmt: skip
 
 
 def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: bool = False):
@@ -75,7 +177,7 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
     """
     keep_freed_memory()  # each step's activations reused, not faulted in again (as `swm` does)
     world = distributed.world_from_env()
-    levers.check_lever_combination(cfg, ranks=max(world.size, cfg.runtime.nproc))  # before any work
+    techniques.check_combination(cfg, ranks=max(world.size, cfg.runtime.nproc))  # before any work
     if world.size == 1 and cfg.runtime.nproc > 1:
         return _launch(cfg, resume, as_json)
     if not world.is_main:
@@ -154,125 +256,10 @@ def _launch(cfg: config.SwmConfig, resume: bool, as_json: bool) -> None:
         config_file.write_text(cfg.model_dump_json())
         arguments = ["train", "--config", str(config_file)]
         if resume:
-            arguments += ["--resume", *(f"--set={item}" for item in config.resumable_items(cfg))]
+            arguments += ["--resume", *(f"--set={item}" for item in resumable_items(cfg))]
         arguments += ["--json"] if as_json else []
         info(f"launching {cfg.runtime.nproc} data-parallel processes with torchrun")
         distributed.launch(cfg.runtime.nproc, arguments)
-
-
-@dataclass
-class _Run:
-    """What the training loop trains with (``_set_up`` builds it)."""
-
-    cfg: config.SwmConfig  # the run's config, as saved in its directory
-    run_dir: Path
-    world: Any
-    runner: Any
-    data: TrainingData
-    model: Any  # the world model, as checkpoints hold it
-    net: Any  # what a step runs: the model's objective, or its data-parallel wrapper
-    optimizer: Any
-    args: dict[str, int]  # ``model_args``: the clip shape the model is built for
-    predicted_bytes: int  # the preflight's prediction of a training step's peak
-    start: int  # the first step to train (0, or the checkpoint's step)
-    batches: Iterator[dict]  # the host batches of steps ``start ..``, in order
-    fingerprint: dict | None  # what the stored data looks like (``data_fingerprint``)
-
-    def checkpoint(self, step: int) -> None:
-        """Save the run at ``step`` with its config and data fingerprint (rank 0; atomic)."""
-        # Every rank: a sharded run gathers its shards here; rank 0 writes.
-        model_state, optimizer_state = levers.training_state(
-            self.model, self.net, self.optimizer, self.cfg.runtime.shard
-        )
-        if self.world.is_main:
-            checkpoints.save_checkpoint(
-                self.run_dir,
-                model=model_state,
-                optimizer=optimizer_state,
-                step=step,
-                model_args=self.args,
-                config_text=config.config_text(self.cfg, own_loss=hasattr(self.model, "loss")),
-                data_fingerprint=self.fingerprint,
-            )
-
-
-def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
-    """The run's config and directory, device, data, model, optimizer and first step."""
-    check_installed(cfg.train.loggers)
-    cfg = run_config(cfg, resume, world)
-    run_dir = Path(cfg.train.out)
-    state = checkpoints.load_checkpoint(run_dir) if resume else None  # verified
-    runner = make_runner(
-        bf16=cfg.runtime.bf16,
-        compile=cfg.runtime.compile,
-        device=distributed.rank_device(world),
-        cpu_threads=cfg.runtime.cpu_threads,
-    )
-    if note := untrack_tensors_if_compiling(runner, monitor):
-        info(note)
-    compiled = "on" if runner.compile else "off"
-    info(f"device {runner.device}; {runner.dtype_reason}; compile {compiled}")
-    if world.size > 1:
-        share = distributed.check_batch_split(world, cfg.train.batch_size)
-        info(f"data-parallel: {world.size} ranks, each reads {share} clips of every batch")
-    fingerprint = None
-    with monitor.phase("preflight", track_tensors=False):
-        if cfg.online.enabled and world.size > 1:
-            raise UsageError(
-                "--online collects and trains in one process: it does not run data-parallel",
-                hint="drop --nproc (or torchrun), or train data-parallel from a dataset",
-            )
-        data = OnlineData(cfg, resume) if cfg.online.enabled else StoredData(cfg, world)
-        args = model_args(cfg, data.metadata)
-        needed = check_training_fits(cfg, args, runner.device)
-        info(f"preflight: a training step needs about {format_bytes(needed)}: it fits")
-        if data.episode_lengths is not None:  # a stored dataset: resuming needs the same one
-            fingerprint = checkpoints.data_fingerprint(data.episode_lengths)
-            checkpoints.check_data_fingerprint(run_dir, fingerprint, state, write=world.is_main)
-    if data.loads:
-        with monitor.phase("load into memory"):
-            data.load()
-    with monitor.phase("setup"):
-        model = levers.build_model(cfg, data.metadata)
-        start = state["step"] if state else 0
-        if start >= cfg.train.steps:
-            raise UsageError(
-                f"{run_dir} is already trained to step {start}",
-                hint=f"pass --steps larger than {start} to train further",
-            )
-        if state:
-            checkpoints.restore_model(model, state, checkpoints.checkpoint_path(run_dir))
-        elif cfg.train.init_from:
-            fresh = checkpoints.init_from_run(model, cfg.train.init_from)
-            info(f"weights from {cfg.train.init_from}; {_fresh_note(fresh)}")
-        runner.prepare(model)
-        objective = Objective(model, cfg.model)
-        sharded = cfg.runtime.shard
-        if sharded:
-            net = levers.shard(objective, runner.device)
-        else:
-            net = distributed.wrap(objective, world, runner.device)
-        # After .to(device) and sharding: the optimizer's state sits where the parameters do.
-        optimizer = levers.make_optimizer(model, cfg.train, cfg.runtime.optimizer_in_backward)
-        if state:
-            levers.restore_optimizer(net, optimizer, state["optimizer"], sharded)
-        data.use_model(model, runner)
-        batches = data.batches(start)  # a DataLoader's iterator draws from torch's generator ...
-        if state:
-            checkpoints.restore_rng(state)  # ... so the checkpointed state is restored after it
-        if world.is_main and (damaged := trim_metrics(run_dir / METRICS_FILE, start)):
-            warn(f"{run_dir / METRICS_FILE}: {damaged} damaged line(s) dropped")
-    model.train()
-    return _Run(cfg, run_dir, world, runner, data, model, net, optimizer, args, needed, start,
-                batches, fingerprint)  # fmt: skip
-
-
-def _fresh_note(fresh: list[str]) -> str:
-    """Which of the model's weights ``--init-from`` left fresh, by part (for the log)."""
-    if not fresh:
-        return "every weight loaded"
-    parts = dict.fromkeys(name.split(".")[0] for name in fresh)
-    return f"{len(fresh)} weight(s) start fresh, in: {', '.join(parts)}"
 
 
 def _result(run: _Run, monitor, last: dict, steady, steady_seconds: float, resume: bool):

@@ -121,13 +121,11 @@ class MappedReader:
         episode = self._reader.read_episode(index, [self._names[key] for key in keys])
         return {key: episode[self._names[key]] for key in keys}
 
-    def read_checksums(self, index: int) -> np.ndarray | None:
-        stored = self._reader.read_checksums(index)
-        return None if stored is None else stored[:, self._columns]
+    def read_checksums(self, index: int) -> np.ndarray:
+        return self._reader.read_checksums(index)[:, self._columns]
 
-    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray | None:
-        stored = self._reader.read_row_checksums(rows)
-        return None if stored is None else stored[:, self._columns]
+    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray:
+        return self._reader.read_row_checksums(rows)[:, self._columns]
 
     def close(self) -> None:
         self._reader.close()

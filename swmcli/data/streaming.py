@@ -183,7 +183,7 @@ class ClipDataset(Dataset):
         """Check the rows just read that this process never checked: ``{episode: why}`` for
         the episodes holding rows that fail their checksum."""
         checks = self._checks
-        if checks is None:  # written before row checksums
+        if checks is None:  # another tool's dataset: no row checksums
             return {}
         # Reader threads share ``checks``: at worst two of them both check a row once.
         pending = {k: rv for k, rv in read.items() if checks.pending([k], rv[0])}

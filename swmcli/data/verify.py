@@ -21,7 +21,8 @@ MAX_CRASHES = 10  # decoder crashes after which verification stops (each costs a
 def verify(reader) -> dict:
     """Read every episode of ``reader`` and compare it with its checksums: a DatasetError naming
     the damaged episodes (the first five, and how many), else ``{"verified_episodes",
-    "checksums"}`` (False for a dataset written before checksums: only its reads were checked).
+    "checksums"}`` (False for another tool's dataset, which has none: only its reads were
+    checked).
 
     The episodes are read in a child process: some damage makes a decoder crash the process
     that reads it (Lance aborts on an absurd allocation size read from a damaged page), and then

@@ -1,13 +1,13 @@
-"""Which memory levers to switch on: every combination predicted, the cheapest one that fits.
+"""Which memory techniques to switch on: every combination predicted, the cheapest one that fits.
 
-Each lever has a price (``Lever.cost``, lowest first): bf16 autocast costs precision (and is usually
-faster on a GPU); the optimizer step in backward costs gradient clipping (its words say so when
-clipping is on) and accumulation; fully sharding costs communication and needs the ranks; activation
-checkpointing costs about a third more compute. ``combinations`` predicts the training step with
-every subset of the levers that apply to a config and model; ``cheapest_fitting`` picks the subset
-of lowest total price (then lowest need) whose need (predicted peak plus the CUDA allowance) is
-within the budget; ``plan_sentence`` says it in one line; ``draw_combinations`` draws the same as
-stacked bars by category with the budget line.
+Each technique has a price (``Technique.cost``, lowest first): bf16 autocast costs precision (and
+is usually faster on a GPU); the optimizer step in backward costs gradient clipping (its words say
+so when clipping is on) and accumulation; fully sharding costs communication and needs the ranks;
+activation checkpointing costs about a third more compute. ``combinations`` predicts the training
+step with every subset of the techniques that apply to a config and model; ``cheapest_fitting``
+picks the subset of lowest total price (then lowest need) whose need (predicted peak plus the CUDA
+allowance) is within the budget; ``plan_sentence`` says it in one line; ``draw_combinations``
+draws the same as stacked bars by category with the budget line.
 """
 
 import itertools
@@ -15,15 +15,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from swmcli.config import SwmConfig
-from swmcli.memory.levers import blocks
 from swmcli.memory.predict import PeakPredictor, Variant
 from swmcli.memory.trace import CATEGORIES, StepPeak
+from swmcli.training.techniques import LAYERS, layers
 from swmcli.units import format_bytes
 
 
 @dataclass(frozen=True)
-class Lever:
-    """One memory lever: its words, its price (lower is cheaper) and the settings it changes."""
+class Technique:
+    """One memory technique: its words, its price (lower is cheaper) and the settings it changes."""
 
     name: str
     cost: int
@@ -32,54 +32,54 @@ class Lever:
 
 @dataclass
 class Combination:
-    """A set of levers, the training step it gives and what that step is predicted to need."""
+    """A set of techniques, the training step it gives and what that step is predicted to need."""
 
-    levers: tuple[Lever, ...]
+    techniques: tuple[Technique, ...]
     variant: Variant
     peak: StepPeak
     needed_bytes: int  # the peak plus the CUDA allowance: what a GPU must have free
 
     @property
     def cost(self) -> int:
-        return sum(lever.cost for lever in self.levers)
+        return sum(technique.cost for technique in self.techniques)
 
     @property
     def name(self) -> str:
-        return " + ".join(lever.name for lever in self.levers) or "no lever"
+        return " + ".join(technique.name for technique in self.techniques) or "no technique"
 
 
-def applicable_levers(cfg: SwmConfig, predictor: PeakPredictor) -> list[Lever]:
-    """The levers this config and model can use: bf16 always; the optimizer in backward without
+def applicable_techniques(cfg: SwmConfig, predictor: PeakPredictor) -> list[Technique]:
+    """The techniques this config and model can use: bf16 always; the optimizer in backward without
     accumulation in one process; sharding across ranks; checkpointing the configured modules,
-    else the model's blocks when it has some."""
-    levers = [Lever("bf16", 1, (("bf16", True),))]
+    else the model's layers when it has some."""
+    techniques = [Technique("bf16", 1, (("bf16", True),))]
     if cfg.train.grad_accum == 1 and cfg.runtime.nproc == 1:
         # It cannot clip: with clipping on, taking it means --grad-clip 0 too.
         words = "optimizer in backward" + (" (no clipping)" if cfg.train.grad_clip else "")
-        levers.append(Lever(words, 2, (("in_backward", True),)))
+        techniques.append(Technique(words, 2, (("in_backward", True),)))
     if cfg.runtime.nproc > 1:
-        levers.append(Lever(f"shard over {cfg.runtime.nproc} ranks", 3, (("shard", True),)))
+        techniques.append(Technique(f"shard over {cfg.runtime.nproc} ranks", 3, (("shard", True),)))
     choice = cfg.runtime.activation_checkpointing
-    if choice is None and blocks(predictor.model(cfg.data.history_len, cfg.data.frameskip)):
-        choice = "blocks"
+    if choice is None and layers(predictor.model(cfg.data.history_len, cfg.data.frameskip)):
+        choice = LAYERS
     if choice is not None:
-        words = "activation checkpointing" + ("" if choice == "blocks" else f" ({choice})")
-        levers.append(Lever(words, 4, (("checkpointing", choice),)))
-    return levers
+        words = "activation checkpointing" + ("" if choice == LAYERS else f" ({choice})")
+        techniques.append(Technique(words, 4, (("checkpointing", choice),)))
+    return techniques
 
 
-def without_levers(variant: Variant) -> Variant:
-    """``variant`` with every lever off: what the levers are weighed against."""
+def without_techniques(variant: Variant) -> Variant:
+    """``variant`` with every technique off: what the techniques are weighed against."""
     return replace(variant, bf16=False, checkpointing=None, in_backward=False, shard=False)
 
 
-def combinations(predictor: PeakPredictor, base: Variant, levers: list[Lever]):
-    """Every subset of ``levers`` applied to ``base`` (levers off), predicted."""
+def combinations(predictor: PeakPredictor, base: Variant, techniques: list[Technique]):
+    """Every subset of ``techniques`` applied to ``base`` (techniques off), predicted."""
     result = []
-    for count in range(len(levers) + 1):
-        for chosen in itertools.combinations(levers, count):
-            settings = {key: value for lever in chosen for key, value in lever.settings}
-            variant = replace(without_levers(base), **settings)
+    for count in range(len(techniques) + 1):
+        for chosen in itertools.combinations(techniques, count):
+            settings = {key: value for one in chosen for key, value in one.settings}
+            variant = replace(without_techniques(base), **settings)
             peak = predictor.predict(variant)
             result.append(Combination(chosen, variant, peak, predictor.needed_bytes(variant)))
     return result
@@ -92,14 +92,14 @@ def cheapest_fitting(options: list[Combination], budget: int) -> Combination | N
 
 
 def plan_sentence(options: list[Combination], budget: int, resolution: int) -> str:
-    """One line: the cheapest set of levers that fits, or the least any set needs."""
+    """One line: the cheapest set of techniques that fits, or the least any set needs."""
     base = options[0].variant
     task = f"to train B={base.batch_size} at {resolution} in {format_bytes(budget)}"
     chosen = cheapest_fitting(options, budget)
     if chosen is None:
         least = min(options, key=lambda option: option.needed_bytes)
         return (
-            f"{task}: no set of levers fits; the least, {least.name}, needs "
+            f"{task}: no set of techniques fits; the least, {least.name}, needs "
             f"{format_bytes(least.needed_bytes)}: lower --batch-size or --resolution"
         )
     return f"{task}: {chosen.name}; {format_bytes(chosen.needed_bytes)} predicted"

@@ -3,9 +3,9 @@
 A ``Variant`` is the settings of one step (train or eval, fp32 or bf16, batch, history,
 frameskip). ``PeakPredictor`` builds the configured world model once per clip shape and traces
 each variant's step with ``swmcli.memory.trace.trace_step_peak`` (cached), for the device the step
-will run on: ``"cuda"`` (what CUDA bf16 autocast keeps in float32, storages rounded to the
-allocator's 512-byte blocks) or ``"cpu"`` (CPU autocast as it is, exact bytes). The training step is
-``swm train``'s own ``optimizer_step``; the eval step is encode + predict, with or without
+will run on: ``"cuda"`` (what CUDA bf16 autocast keeps in float32, each storage rounded up to 512
+bytes as the allocator rounds it) or ``"cpu"`` (CPU autocast as it is, exact bytes). The training
+step is ``swm train``'s own ``optimizer_step``; the eval step is encode + predict, with or without
 gradients. ``largest_fitting`` finds the largest batch whose prediction fits a budget in a few
 predictions. ``swm memprofile`` turns these into its technique table.
 """
@@ -22,16 +22,8 @@ import numpy as np
 from swmcli.config import SwmConfig, with_settings
 from swmcli.errors import BudgetExceeded
 from swmcli.host import available_host_bytes
-from swmcli.memory.levers import (
-    InBackwardOptimizer,
-    blocks,
-    checkpoint_activations,
-    comma_names,
-    freeze_parts,
-    make_optimizer,
-)
 from swmcli.memory.trace import (
-    CUDA_BLOCK_BYTES,
+    CUDA_ROUNDING_BYTES,
     StepPeak,
     copy_sharing_weights,
     cuda_allowance_bytes,
@@ -43,7 +35,14 @@ from swmcli.models.global_batch import simulated_ranks
 from swmcli.models.interface import Objective, build_model
 from swmcli.models.rollout import encode_observation
 from swmcli.models.runner import Runner
+from swmcli.training.recipe import freeze_parts, make_optimizer
 from swmcli.training.step import PROPRIO_KEY, STATE_KEY, TRAIN_KEYS, optimizer_step, train_keys
+from swmcli.training.techniques import (
+    InBackwardOptimizer,
+    checkpoint_activations,
+    comma_names,
+    layers,
+)
 from swmcli.units import format_bytes
 
 DEVICES = ("cuda", "cpu")  # whose semantics a prediction follows
@@ -63,8 +62,8 @@ class Variant:
     grad_free: bool = False  # eval only: requires_grad_(False) + inference_mode
     compile: bool = False
     ranks: int = 1  # data-parallel training: batch_size is global, each rank holds its share
-    checkpointing: str | None = None  # memory.levers: modules whose activations are recomputed
-    in_backward: bool = False  # memory.levers: the optimizer step fused into backward
+    checkpointing: str | None = None  # techniques: modules whose activations are recomputed
+    in_backward: bool = False  # techniques: the optimizer step fused into backward
     shard: bool = False  # FSDP2 over the ranks: parameters, gradients, AdamW state sharded
 
     @property
@@ -88,7 +87,7 @@ class Variant:
 
 
 def configured_variant(cfg: SwmConfig, batch_size: int) -> Variant:
-    """The training step ``cfg`` runs (precision, clips, ranks, levers) at ``batch_size``."""
+    """The training step ``cfg`` runs (precision, clips, ranks, techniques) at ``batch_size``."""
     runtime = cfg.runtime
     return Variant(
         "train",
@@ -105,7 +104,7 @@ def configured_variant(cfg: SwmConfig, batch_size: int) -> Variant:
 
 def traced_grad_clip(cfg: SwmConfig, variant: Variant) -> float:
     """The clipping a traced step runs: the config's, none where the optimizer steps in backward
-    (training refuses clipping there: ``levers.check_lever_combination``)."""
+    (training refuses clipping there: ``techniques.check_combination``)."""
     return 0.0 if variant.in_backward else cfg.train.grad_clip
 
 
@@ -322,7 +321,7 @@ class PeakPredictor:
             self.model_cfg, keys = cfg.model, train_keys(cfg)
         self.step = {key: step[key] for key in keys if key in step}
         self.device = device
-        self.round_bytes = CUDA_BLOCK_BYTES if device == "cuda" else 1
+        self.round_bytes = CUDA_ROUNDING_BYTES if device == "cuda" else 1
         self.action_dim = int(np.asarray(step["action"]).size)
         self._models: dict[tuple[int, int], Any] = {}
         self._peaks: dict[Variant, StepPeak] = {}
@@ -434,18 +433,18 @@ def _with_ddp_buckets(peak: StepPeak, model, ranks: int) -> StepPeak:
 
 
 def _with_shards(peak: StepPeak, model, ranks: int) -> StepPeak:
-    """One rank's peak under FSDP2 (``levers.shard``), from the unsharded trace: parameters,
+    """One rank's peak under FSDP2 (``techniques.shard``), from the unsharded trace: parameters,
     gradients and AdamW state are ``1/ranks`` each, plus what FSDP holds whole: the root's
     weights (gathered for the whole step), its unsharded gradients and their flat reduce-scatter
-    copy (3x the root), and two blocks' weights and gradients (the one computing and the one
-    prefetched: 4x the largest block)."""
+    copy (3x the root), and two layers' weights and gradients (the one computing and the one
+    prefetched: 4x the largest layer)."""
 
     def weights(module) -> int:
         return sum(p.numel() * p.element_size() for p in module.parameters())
 
-    block_bytes = [weights(block) for block in blocks(model)]
-    root = weights(model) - sum(block_bytes)
-    gathered = 3 * root + 4 * max(block_bytes, default=0)
+    layer_bytes = [weights(layer) for layer in layers(model)]
+    root = weights(model) - sum(layer_bytes)
+    gathered = 3 * root + 4 * max(layer_bytes, default=0)
     by_category = dict(peak.by_category)
     for category in ("parameters", "gradients", "optimizer_state"):
         by_category[category] = -(-by_category[category] // ranks)
@@ -493,7 +492,7 @@ def check_training_fits(cfg: SwmConfig, args: dict[str, int], device) -> int:
     """Refuse, before anything is allocated, a training step the device cannot hold.
 
     Predicts the configured step's peak as it runs on ``device`` (CUDA's autocast and allocator
-    blocks on a GPU, plus the CUDA allowance; CPU autocast and exact bytes elsewhere) and compares
+    rounding on a GPU, plus the CUDA allowance; CPU autocast and exact bytes elsewhere) and compares
     it with the device's free memory (the host's available RAM on a CPU, shared by the
     data-parallel ranks); ``args`` is the clip shape (``interface.model_args``). Returns the
     bytes predicted (per rank); raises ``BudgetExceeded`` naming the largest (global) batch size

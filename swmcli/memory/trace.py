@@ -29,9 +29,9 @@ CATEGORIES = (
     "fsdp_gathered",  # sharded only: the whole weights FSDP gathers, added by the predictor
 )
 
-#: The CUDA caching allocator hands out blocks in multiples of 512 bytes; max_memory_allocated
-#: counts the rounded sizes, so predictions round each storage the same way.
-CUDA_BLOCK_BYTES = 512
+#: The CUDA caching allocator rounds each allocation up to a multiple of 512 bytes;
+#: max_memory_allocated counts the rounded sizes, so predictions round each storage the same way.
+CUDA_ROUNDING_BYTES = 512
 
 
 @dataclass
@@ -197,7 +197,7 @@ def trace_step_peak(
     make_step: Callable[[Any], tuple[Any, Callable[[], Any]]],
     *,
     fake: bool = True,
-    round_bytes: int = CUDA_BLOCK_BYTES,
+    round_bytes: int = CUDA_ROUNDING_BYTES,
 ) -> StepPeak:
     """The peak of live tensor bytes, by category, of a step run on ``module``.
 
@@ -325,7 +325,7 @@ def cuda_fp32_casts() -> Iterator[None]:
 
 
 def recompute_with_cuda_casts(module) -> None:
-    """Make the checkpointed modules of ``module`` (``levers.checkpoint_activations``) recompute
+    """Make the checkpointed modules of ``module`` (``techniques.checkpoint_activations``) recompute
     under ``cuda_fp32_casts`` too: torch recomputes under its forward's autocast but not under the
     function modes around it, so a checkpointed GroupNorm would recompute in bf16 what its
     forward saved in float32 (torch's CheckpointError). For traced copies only."""

@@ -49,7 +49,7 @@ class CNNEncoder(nn.Module):
 
 
 class ViTEncoder(nn.Module):
-    """ViT-tiny: patch embedding, a CLS token, pre-norm transformer blocks, a projection."""
+    """ViT-tiny: patch embedding, a CLS token, pre-norm transformer layers, a projection."""
 
     def __init__(
         self, resolution: int, latent_dim: int, patch: int, dim: int, depth: int, heads: int
@@ -59,10 +59,10 @@ class ViTEncoder(nn.Module):
         self.embed = nn.Conv2d(3, dim, patch, stride=patch)
         self.cls = nn.Parameter(torch.zeros(1, 1, dim))
         self.position = nn.Parameter(torch.randn(1, patches + 1, dim) * 0.02)
-        block = nn.TransformerEncoderLayer(
+        layer = nn.TransformerEncoderLayer(
             dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
         )
-        self.blocks = nn.TransformerEncoder(block, depth, enable_nested_tensor=False)
+        self.transformer = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
         self.final_norm = nn.LayerNorm(dim)
         self.project = nn.Linear(dim, latent_dim)
         self.norm = GlobalBatchNorm1d(latent_dim, affine=False)
@@ -71,7 +71,7 @@ class ViTEncoder(nn.Module):
         """Frames ``(N, 3, H, W)`` float -> latents ``(N, latent_dim)`` from the CLS token."""
         tokens = self.embed(frames).flatten(2).transpose(1, 2)
         tokens = torch.cat([self.cls.expand(len(tokens), -1, -1), tokens], dim=1)
-        tokens = self.blocks(tokens + self.position)
+        tokens = self.transformer(tokens + self.position)
         return self.norm(self.project(self.final_norm(tokens[:, 0])))
 
 

@@ -39,7 +39,7 @@ from swmcli.config import SwmConfig
 from swmcli.errors import UsageError, remember_user_file
 from swmcli.models.losses import jepa_loss
 from swmcli.models.outputs import check_trainable, loss_checked
-from swmcli.models.world_model import build_world_model
+from swmcli.models.world_model import build_jepa
 
 REQUIRED_METHODS = {
     "encode": "encode(pixels) -> latents",
@@ -110,7 +110,7 @@ def build_model(model_cfg, shape: dict[str, int]) -> nn.Module:
     frameskip, history_len): swm's own, or what ``model_cfg.factory`` returns; checked against
     the protocol."""
     if model_cfg.factory is None:
-        return build_world_model(model_cfg, **shape)
+        return build_jepa(model_cfg, **shape)
     factory = load_factory(model_cfg.factory)
     parameters = inspect.signature(factory).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
@@ -181,7 +181,7 @@ class Objective(nn.Module):
 
 
 def model_args(cfg: SwmConfig, metadata: dict[str, Any]) -> dict[str, int]:
-    """The clip shape ``protocol.build_model`` takes, for this config and dataset (with
+    """The clip shape ``build_model`` takes, for this config and dataset (with
     ``model.proprio``, also ``proprio_dim``: the size of the data's ``proprio`` key; with
     ``model.state_weight``, ``state_size``: its ``state`` key's)."""
     args = {

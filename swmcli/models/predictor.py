@@ -24,10 +24,10 @@ class Predictor(nn.Module):
             nn.Linear(action_dim, dim), nn.GELU(), nn.Linear(dim, dim)
         )
         self.position = nn.Parameter(torch.randn(1, max_len, dim) * 0.02)
-        block = nn.TransformerEncoderLayer(
+        layer = nn.TransformerEncoderLayer(
             dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
         )
-        self.blocks = nn.TransformerEncoder(block, depth, enable_nested_tensor=False)
+        self.transformer = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
         self.final_norm = nn.LayerNorm(dim)
         self.out = nn.Linear(dim, latent_dim)
         # A boolean upper-triangular mask (True = may not attend), built once for max_len.
@@ -40,6 +40,6 @@ class Predictor(nn.Module):
         tokens = self.embed_latent(latents) + self.embed_action(actions)
         tokens = tokens + self.position[:, :length]
         mask = self.causal_mask[:length, :length]
-        hidden = self.blocks(tokens, mask=mask, is_causal=True)
+        hidden = self.transformer(tokens, mask=mask, is_causal=True)
         # Residual: the predictor learns the change of the latent, which is small per step.
         return latents + self.out(self.final_norm(hidden))

@@ -6,7 +6,7 @@ One place used by train, eval and memprofile::
     model = runner.prepare(model)                 # on the device, compiled if asked
     batch = runner.to_device(numpy_or_tensor_batch)   # non-blocking, pixels stay uint8
     with runner.autocast():
-        terms = objective(batch)       # protocol.Objective: the model's loss terms
+        terms = objective(batch)       # interface.Objective: the model's loss terms
     with runner.inference(model):                 # eval: no autograd at all
         ...
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-COMPILED_METHODS = ("encode", "predict")  # the world-model protocol's (models/protocol.py)
+COMPILED_METHODS = ("encode", "predict")  # the world-model protocol's (models/interface.py)
 
 
 @dataclass

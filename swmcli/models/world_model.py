@@ -1,11 +1,11 @@
 """The JEPA world model: encoder + causal action-conditioned predictor, trained end to end.
 
 Pixels reach the model as uint8 ``(B, T, H, W, 3)`` on the device and are normalized there (so the
-host and the transfer carry 1 byte per channel, not 4). Actions are the dense blocks
+host and the transfer carry 1 byte per channel, not 4). Actions are the dense action blocks
 ``(B, T, frameskip * action_dim)``; the last observation of an episode has NaN actions, replaced
 by 0 here because a NaN, even in a position the loss ignores, poisons every gradient.
 
-``encode`` and ``predict`` are the world-model protocol (``protocol.py``), which the runner
+``encode`` and ``predict`` are the world-model protocol (``interface.py``), which the runner
 compiles in place for ``--compile`` as it does for any model brought with ``--model``.
 
 With ``model.proprio``, the agent's own state (the data's ``proprio``) joins the latent: each of
@@ -44,7 +44,7 @@ def normalize_pixels(pixels: torch.Tensor) -> torch.Tensor:
 
 class WorldModel(nn.Module):
     """Encoder and predictor: ``encode`` and ``predict``, the world-model protocol
-    (``protocol.py``); trained with swm's JEPA loss (``losses.jepa_loss``), like any model
+    (``interface.py``); trained with swm's JEPA loss (``losses.jepa_loss``), like any model
     without a ``loss`` of its own."""
 
     def __init__(
@@ -112,7 +112,7 @@ class WorldModel(nn.Module):
         return self.predictor.max_len
 
 
-def build_world_model(
+def build_jepa(
     model_cfg,
     *,
     resolution: int,
@@ -122,13 +122,14 @@ def build_world_model(
     proprio_dim: int = 0,
     state_size: int = 0,
 ) -> WorldModel:
-    """The world model a ``ModelConfig`` describes, for frames of ``resolution`` pixels.
+    """swm's JEPA world model as a ``ModelConfig`` describes it, for frames of ``resolution``
+    pixels (``interface.build_model`` builds it, or ``model.factory``'s model).
 
     ``action_dim`` is the env's (2 for TwoRoom); each observation's action block has
     ``frameskip * action_dim`` values. A clip of ``history_len`` observations trains the
     predictor on contexts of up to ``history_len - 1`` (the last one is only a target), so that is
     its length, and ``history_len`` must be at least 2. ``proprio_dim`` is the size of the
-    agent's state (``model.proprio``; 0 without it: runs trained before it load as they were);
+    agent's state (``model.proprio``; 0 without it);
     ``state_size`` the values of the data's ``state`` (read with ``model.state_weight``).
     """
     if history_len < 2:

@@ -12,7 +12,6 @@ stays). The new checkpoint is written to a temporary file, flushed, read back an
 then does the previous one become ``checkpoint.prev.pt`` (the last good one, named when the
 latest is found damaged) and the new one ``checkpoint.pt``, so a process killed at any moment
 leaves a complete checkpoint. ``config.json`` follows the checkpoint it belongs to.
-Checkpoints written before checksums existed still load, said to be unverified.
 """
 
 import hashlib
@@ -53,7 +52,7 @@ def save_checkpoint(
     """Write the model's and optimizer's state dicts, step, RNG state, config and data
     fingerprint, verified and atomically; returns the checkpoint's path.
 
-    ``model_args`` are the clip shape ``protocol.build_model`` takes besides the config
+    ``model_args`` are the clip shape ``interface.build_model`` takes besides the config
     (resolution, action_dim, frameskip, history_len), so eval rebuilds the model from the run
     alone. ``config_text`` is what ``config.json`` holds (written after the checkpoint when it
     differs). Non-finite weights or optimizer state are refused: the last checkpoint is kept.
@@ -108,7 +107,7 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any]:
     CheckpointError naming the damaged file (and the last good checkpoint, if one is kept).
 
     Checks its checksum, that ``config.json`` is the config it was written with, and that every
-    weight and optimizer value is finite. A checkpoint from before checksums loads unverified.
+    weight and optimizer value is finite.
     """
     path = checkpoint_path(run_dir)
     if not path.is_file():
@@ -127,10 +126,7 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any]:
             error.message += f"; {previous}"
             error.hint = f"copy {Path(run_dir) / PREVIOUS_FILE} to {path} to use it"
         raise
-    if CHECKSUM_KEY not in state:
-        warn(f"{path} has no checksum (written before swm verified checkpoints): unverified")
-    else:
-        _check_config(run_dir, state)
+    _check_config(run_dir, state)
     where = _non_finite(state)
     if where is not None:
         raise CheckpointError(
@@ -142,7 +138,7 @@ def load_checkpoint(run_dir: Path) -> dict[str, Any]:
 
 
 def _read_verified(path: Path) -> dict[str, Any]:
-    """The checkpoint at ``path``, its checksum (when it has one) checked."""
+    """The checkpoint at ``path``, its checksum checked."""
     import torch
 
     try:
@@ -157,14 +153,13 @@ def _read_verified(path: Path) -> dict[str, Any]:
             f"{path} is not an swm checkpoint (format {FORMAT_VERSION})",
             hint="pass a run directory written by `swm train`",
         )
-    if CHECKSUM_KEY in state:
-        saved = state.pop(CHECKSUM_KEY)
-        if not isinstance(saved, str) or saved != state_digest(state):
-            raise CheckpointError(
-                f"checkpoint {path} is damaged: its contents do not match their checksum",
-                hint="delete it and retrain, or restore it from a backup",
-            )
-        state[CHECKSUM_KEY] = saved
+    saved = state.pop(CHECKSUM_KEY, None)
+    if not isinstance(saved, str) or saved != state_digest(state):
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: its contents do not match their checksum",
+            hint="delete it and retrain, or restore it from a backup",
+        )
+    state[CHECKSUM_KEY] = saved
     return state
 
 
@@ -177,7 +172,7 @@ def _last_good(run_dir: Path) -> str | None:
         state = _read_verified(previous)
     except CheckpointError:
         return None
-    if CHECKSUM_KEY not in state or _non_finite(state) is not None:
+    if _non_finite(state) is not None:
         return None
     return f"the last good checkpoint is {previous} (step {state['step']})"
 
@@ -232,19 +227,16 @@ def check_data_fingerprint(
     rank 0).
 
     The checkpoint holds the fingerprint too, so a damaged or deleted ``data.json`` never skips
-    the check: it is rewritten from the checkpoint's copy, and that is said. A checkpoint from
-    before checksums has only ``data.json``: without it the run is refused.
+    the check: it is rewritten from the checkpoint's copy, and that is said.
     """
     path = Path(run_dir) / DATA_FINGERPRINT_FILE
     if state is None:
         if write:
             write_atomically(path, json.dumps(fingerprint) + "\n")
         return
-    saved = state.get("data")
-    on_disk = _read_fingerprint(path, required=saved is None)
-    if saved is None:
-        saved = on_disk
-    elif on_disk != saved:
+    saved = state["data"]
+    on_disk = _read_fingerprint(path)
+    if on_disk != saved:
         words = "missing" if on_disk is None else "damaged"
         warn(f"{path} was {words}: rewritten from the fingerprint its checkpoint holds")
         if write:
@@ -258,28 +250,14 @@ def check_data_fingerprint(
         )
 
 
-def _read_fingerprint(path: Path, required: bool) -> dict | None:
-    """``data.json`` as a dict; None when it is missing or damaged and not ``required``."""
+def _read_fingerprint(path: Path) -> dict | None:
+    """``data.json`` as a dict; None when it is missing or damaged."""
     try:
         saved = json.loads(path.read_text())
-    except FileNotFoundError:
-        if not required:
-            return None
-        raise CheckpointError(
-            f"{path} is missing: the run cannot check its dataset is the one it started with",
-            hint="restore data.json, or train a new run (--out)",
-        ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        if not required:
-            return None
-        raise CheckpointError(
-            f"{path} is damaged ({first_line(err)})",
-            hint="restore data.json, or train a new run (--out)",
-        ) from err
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
     if not isinstance(saved, dict) or not {"episodes", "steps"} <= saved.keys():
-        if not required:
-            return None
-        raise CheckpointError(f"{path} is damaged", hint="restore data.json, or train a new run")
+        return None
     return saved
 
 
@@ -294,10 +272,10 @@ def restore_model(model, state: dict[str, Any], path_for_errors: Path) -> None:
         ) from err
 
 
-def init_from_run(model, run_dir: Path) -> list[str]:
+def init_from_run(model, run_dir: Path) -> str:
     """Load into ``model`` every weight of ``run_dir``'s verified checkpoint whose name and shape
-    match (``train.init_from``); returns the names of the model's weights left as initialized.
-    A checkpoint that gives the model nothing is a UsageError."""
+    match (``train.init_from``); returns a line for the log naming the parts whose weights were
+    left as initialized. A checkpoint that gives the model nothing is a UsageError."""
     if not Path(run_dir).is_dir():
         raise UsageError(
             f"train.init_from: {run_dir} is not a run directory",
@@ -316,7 +294,11 @@ def init_from_run(model, run_dir: Path) -> list[str]:
             hint="start from a run of the same architecture, or drop --init-from",
         )
     model.load_state_dict(matching, strict=False)
-    return sorted(set(own) - set(matching))
+    fresh = sorted(set(own) - set(matching))
+    if not fresh:
+        return f"weights from {run_dir}; every weight loaded"
+    parts = dict.fromkeys(name.split(".")[0] for name in fresh)
+    return f"weights from {run_dir}; {len(fresh)} weight(s) start fresh, in: {', '.join(parts)}"
 
 
 def restore_rng(state: dict[str, Any]) -> None:

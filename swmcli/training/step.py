@@ -2,8 +2,8 @@
 
 One module, so that the step memprofile predicts is the step training takes: ``optimizer_step``
 (forward under autocast, backward, clip, AdamW), the learning-rate schedule, the seeded clip
-order, and the figures a step logs. The model with its levers
-and its optimizer are ``memory.levers``'s (foreach AdamW on every device).
+order, and the figures a step logs. The model with its memory techniques and its optimizer are
+``recipe``'s (foreach AdamW on every device).
 """
 
 import math
@@ -87,7 +87,7 @@ def optimizer_step(
 ):
     """One optimizer step: free the gradients, forward under autocast and backward for each of
     the ``micro_batches`` device batches, clip (``grad_clip`` > 0), step. ``objective`` is the
-    model's ``protocol.Objective`` (or its data-parallel wrapper). Returns the detached loss
+    model's ``interface.Objective`` (or its data-parallel wrapper). Returns the detached loss
     terms of each micro-batch and the global gradient norm before clipping (an optimizer that
     steps in backward took it as it went), without reading them back (memprofile runs this very
     function on fake tensors, which have no values). Data-parallel ranks all-reduce only the last

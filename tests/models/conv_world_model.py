@@ -8,9 +8,9 @@ Brought to swm through the model protocol (docs/bring-your-model.md)::
         --activation-checkpointing ConvStage
 
 The encoder is a stack of ``ConvStage`` (Conv2d -> GroupNorm -> SiLU, stride 2), pooled to one
-latent per frame; the predictor is ``depth`` pre-norm transformer blocks (an ``nn.ModuleList``:
-swm's ``blocks``), causal over time, each position reading its latent plus its action block.
-Its loss is the next-latent error against stop-gradient targets plus VICReg's variance and
+latent per frame; the predictor is ``depth`` pre-norm transformer layers (an ``nn.ModuleList``:
+what swm's ``layers`` picks), causal over time, each position reading its latent plus its action
+block. Its loss is the next-latent error against stop-gradient targets plus VICReg's variance and
 covariance terms on the latents. GroupNorm under bf16 autocast is where CPU and CUDA differ
 (CUDA runs it in float32, CPU in bf16), and where a checkpointed module must recompute in the
 dtype it saved. ``max_len`` fixes the positional table: a model that takes at most that many
@@ -36,8 +36,8 @@ class ConvStage(nn.Module):
         return functional.silu(self.norm(self.conv(x)))
 
 
-class Block(nn.Module):
-    """A pre-norm causal self-attention + MLP block over (B, T, D)."""
+class Layer(nn.Module):
+    """A pre-norm causal self-attention + MLP layer over (B, T, D)."""
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
@@ -67,7 +67,7 @@ class ConvWorldModel(nn.Module):
         self.project = nn.Linear(channels[-1], latent_dim)
         self.embed = nn.Linear(latent_dim + action_block, latent_dim)
         self.position = nn.Parameter(torch.zeros(max_len, latent_dim))
-        self.blocks = nn.ModuleList(Block(latent_dim, heads) for _ in range(depth))
+        self.layers = nn.ModuleList(Layer(latent_dim, heads) for _ in range(depth))
         self.head = nn.Linear(latent_dim, latent_dim)
         self.context_len = max_len
 
@@ -79,8 +79,8 @@ class ConvWorldModel(nn.Module):
     def predict(self, latents: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         actions = torch.nan_to_num(actions, nan=0.0).to(latents.dtype)
         x = self.embed(torch.cat([latents, actions], dim=-1)) + self.position[: latents.shape[1]]
-        for block in self.blocks:
-            x = block(x)
+        for layer in self.layers:
+            x = layer(x)
         return latents + self.head(x)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -11,8 +11,8 @@ What gives the rows their meaning is sealed too: the dataset metadata (schema: d
 per key; env id, resolution, action dim, format version, pixel encoding) carries the CRC-32 of
 each of its fields under ``field_crc32`` (``seal_metadata``), and every reader checks it on every
 open (``unseal_metadata``), so a dataset whose schema or metadata changed is refused before a
-row is read. Datasets written before checksums existed (format version 1) have neither: they
-open as "unverified" and verify only their structure.
+row is read. Other tools' datasets (read through ``data/foreign``) carry neither: their reads are
+checked for structure only.
 """
 
 import json
@@ -26,7 +26,6 @@ from swmcli.errors import DatasetError
 
 CHECKSUM_COLUMN = "swm_crc32"
 SEAL_FIELD = "field_crc32"  # the metadata field holding the other fields' CRC-32s
-UNSEALED_VERSION = 1  # the format version written before metadata checksums
 _METADATA_HINT = "the dataset's metadata is damaged: restore the dataset, or collect again"
 
 
@@ -54,12 +53,11 @@ def seal_metadata(metadata: Mapping[str, Any]) -> dict:
     return {**fields, SEAL_FIELD: {k: _field_crc(v) for k, v in fields.items()}}
 
 
-def unseal_metadata(raw: str | bytes, where) -> tuple[dict, bool]:
-    """The metadata stored as JSON text ``raw`` (without its seal) and whether it was sealed.
+def unseal_metadata(raw: str | bytes, where) -> dict:
+    """The metadata stored as JSON text ``raw``, without its seal, checked against it.
 
     A DatasetError names what is damaged: text that is not JSON, a field whose value no longer
-    matches its checksum (``keys`` is the schema), a field added or lost. Metadata of format
-    version 1 (written before these checksums) is returned unverified.
+    matches its checksum (``keys`` is the schema), a field added or lost, a seal missing.
     """
     try:
         metadata = json.loads(raw)
@@ -69,8 +67,6 @@ def unseal_metadata(raw: str | bytes, where) -> tuple[dict, bool]:
         raise DatasetError(f"{where}: its swm metadata is not a JSON object", _METADATA_HINT)
     seal = metadata.pop(SEAL_FIELD, None)
     if seal is None:
-        if metadata.get("format_version") == UNSEALED_VERSION:
-            return metadata, False
         raise DatasetError(
             f"{where}: its swm metadata has no {SEAL_FIELD} (format_version "
             f"{metadata.get('format_version')!r})",
@@ -88,7 +84,7 @@ def unseal_metadata(raw: str | bytes, where) -> tuple[dict, bool]:
             f"{where}: its metadata is damaged: {named} does not match its checksum",
             _METADATA_HINT,
         )
-    return metadata, True
+    return metadata
 
 
 def _printable(name: str) -> str:
@@ -101,8 +97,7 @@ class RowChecks:
 
     A row is checked the first time it is read (a frame is read ``history_len`` times an epoch
     and once verified is not hashed again): on the loader benchmark the checks cost a few
-    percent of the first epoch and nothing after. ``stored`` is None for a dataset written
-    without checksums, which nothing here can check.
+    percent of the first epoch and nothing after.
     """
 
     def __init__(self, schema_keys: list[str], num_steps: int):
@@ -138,7 +133,7 @@ def damaged_keys(episode: Mapping[str, np.ndarray], stored: np.ndarray, keys: li
 def check_episode(reader, index: int, episode: Mapping[str, np.ndarray]) -> None:
     """Refuse episode ``index`` (read from ``reader``) if any of its keys fails its checksum."""
     stored = reader.read_checksums(index)
-    if stored is None:
+    if stored is None:  # another tool's dataset: it carries none
         return
     schema_keys = list(reader.keys)
     columns = [schema_keys.index(key) for key in episode]

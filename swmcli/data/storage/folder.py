@@ -69,6 +69,7 @@ class FolderReader:
     """Reads a swm folder dataset; keeps a few episodes' arrays in memory, never the frames."""
 
     format = "folder"
+    metadata_sealed = True  # checked on open
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -77,15 +78,15 @@ class FolderReader:
             raw = file.read_bytes()
         except OSError as error:
             raise DatasetError(f"cannot read {file}: {error}", _DAMAGED_HINT) from error
-        self.metadata, self.keys, self.metadata_sealed = read_metadata(raw, file)
+        self.metadata, self.keys = read_metadata(raw, file)
         # What each episode's arrays.npz must hold: the index, every key not stored as PNG
-        # frames, and the row checksums (all datasets with sealed metadata have them).
+        # frames, and the row checksums.
         self._array_schema = {
             "episode_idx": (np.dtype(np.int64), ()),
             "step_idx": (np.dtype(np.int32), ()),
             **{k: (d, s) for k, (d, s) in self.keys.items() if not _is_png_key(d, s)},
+            CHECKSUM_COLUMN: (np.dtype(np.uint32), (len(self.keys),)),
         }
-        self._sums_schema = {CHECKSUM_COLUMN: (np.dtype(np.uint32), (len(self.keys),))}
         self._dirs = _episode_dirs(self.path)
         self.num_episodes = len(self._dirs)
         self._lengths: np.ndarray | None = None
@@ -154,10 +155,7 @@ class FolderReader:
                 f"cannot read {self._dirs[index] / ARRAYS}: {error}", _DAMAGED_HINT
             ) from error
         stored = {key: (value.dtype, value.shape[1:]) for key, value in arrays.items()}
-        expected = self._array_schema
-        if self.metadata_sealed or CHECKSUM_COLUMN in stored:  # older folders may have none
-            expected = {**expected, **self._sums_schema}
-        check_stored_schema(self._dirs[index] / ARRAYS, stored, expected)
+        check_stored_schema(self._dirs[index] / ARRAYS, stored, self._array_schema)
         self._arrays[index] = arrays
         if len(self._arrays) > _CACHED_EPISODES:
             self._arrays.popitem(last=False)
@@ -210,18 +208,16 @@ class FolderReader:
                 episode[key] = self._episode_arrays(index)[key].copy()
         return episode
 
-    def read_checksums(self, index: int) -> np.ndarray | None:
-        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
-        return self._episode_arrays(index).get(CHECKSUM_COLUMN)
+    def read_checksums(self, index: int) -> np.ndarray:
+        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s."""
+        return self._episode_arrays(index)[CHECKSUM_COLUMN]
 
-    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray | None:
-        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``; None if written without."""
+    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray:
+        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         episodes = rows_by_episode(self.episode_offsets, rows)
         steps = (rows - self.episode_offsets[episodes]).tolist()
         sums = [self.read_checksums(e) for e in episodes.tolist()]
-        if any(s is None for s in sums):
-            return None
         return np.array([s[step] for s, step in zip(sums, steps, strict=True)], dtype=np.uint32)
 
     def close(self) -> None:

@@ -5,8 +5,7 @@ the episode index. Images are chunked one frame per chunk (a random read decodes
 needs) with LZ4, HDF5's registered filter 32004: it decodes ~10x faster than gzip (inflating was
 ~85% of a batch's read) at about the same size. h5py reads it after ``import hdf5plugin``, and
 h5dump once Debian's ``hdf5-filter-plugin`` (or any LZ4 plugin on ``HDF5_PLUGIN_PATH``) is there;
-swm itself needs no plugin (it writes and reads the chunks directly). Other keys, and images in
-files written before, use gzip level 1.
+swm itself needs no plugin (it writes and reads the chunks directly). Other keys use gzip, level 1.
 
 Episode-atomic writes use HDF5's single-writer/multiple-reader mode (SWMR): metadata reaches the
 file in an order that keeps it readable at every instant. An episode's rows are written and
@@ -24,7 +23,6 @@ import json
 import os
 import struct
 import threading
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +52,6 @@ _LIBVER = ("v110", "v110")
 _CHUNK_CACHE_BYTES = 64 * 2**20
 _CHUNK_CACHE_SLOTS = 100_003  # a prime well above the chunks that fit the cache
 _SMALL_CHUNK_ROWS = 4096
-H5Z_DEFLATE = 1  # HDF5's filter ids: gzip, built into every HDF5
 H5Z_LZ4 = 32004  # LZ4, registered with the HDF Group (read with `hdf5plugin` or its plugin)
 _READ_ATTEMPTS = 25  # sleeps of 1, 2, 4, ... ns: at most 2**25 ns (34 ms) in all
 _DAMAGED_HINT = "the file is damaged or truncated: restore it or collect again"
@@ -161,6 +158,7 @@ class Hdf5Reader:
     """Reads a swm HDF5 file; opens in SWMR mode so a file being written (or crashed) reads."""
 
     format = "hdf5"
+    metadata_sealed = True  # checked on open
 
     def __init__(self, path: Location):
         # LZ4 frames decode with pyarrow: import it with the file, not on the first batch, so
@@ -180,7 +178,7 @@ class Hdf5Reader:
                     f"{self.path} is an HDF5 file but was not written by swm (no swm metadata)",
                     hint="write it with swmcli.open_writer or `swm collect`",
                 )
-            self.metadata, self.keys, self.metadata_sealed = read_metadata(raw, self.path)
+            self.metadata, self.keys = read_metadata(raw, self.path)
             check_hdf5(self._file, self.path)
             self._check_columns()
             self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
@@ -201,9 +199,11 @@ class Hdf5Reader:
         found = self._guard(lambda: {n: self._file[n] for n in names if n in self._file})
         stored = {name: (data.dtype, data.shape[1:]) for name, data in found.items()}
         check_stored_schema(self.path, stored, self.keys)
-        index = {"episode_idx": (np.dtype(np.int64), ()), "step_idx": (np.dtype(np.int32), ())}
-        if CHECKSUM_COLUMN in stored:  # files written before row checksums have none
-            index[CHECKSUM_COLUMN] = (np.dtype(np.uint32), (len(self.keys),))
+        index = {
+            "episode_idx": (np.dtype(np.int64), ()),
+            "step_idx": (np.dtype(np.int32), ()),
+            CHECKSUM_COLUMN: (np.dtype(np.uint32), (len(self.keys),)),
+        }
         check_stored_schema(self.path, stored, index)
 
     def _check_index(self) -> None:
@@ -272,18 +272,14 @@ class Hdf5Reader:
                 episode[key] = self._guard(lambda key=key: self._file[key][start:stop])
         return episode
 
-    def read_checksums(self, index: int) -> np.ndarray | None:
-        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
-        if CHECKSUM_COLUMN not in self._file:
-            return None
+    def read_checksums(self, index: int) -> np.ndarray:
+        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s."""
         start = int(self.episode_offsets[index])
         stop = start + int(self.episode_lengths[index])
         return self._guard(lambda: self._file[CHECKSUM_COLUMN][start:stop])
 
-    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray | None:
-        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``; None if written without."""
-        if CHECKSUM_COLUMN not in self._file:
-            return None
+    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray:
+        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         out = np.empty((len(rows), len(self.keys)), dtype=np.uint32)
         self._guard(lambda: _read_by_chunk(self._file[CHECKSUM_COLUMN], rows, out))
@@ -356,13 +352,12 @@ def _read_by_chunk(dataset, rows: np.ndarray, out: np.ndarray) -> None:
 
 
 def _read_each(dataset, rows: np.ndarray, out: np.ndarray, chunks=None) -> None:
-    """Read frame by frame into ``out``. With one frame per chunk and one codec swm knows (LZ4
-    or gzip), each frame is one raw chunk read (through ``chunks`` where given) and one decode:
-    h5py's selection machinery would cost more than the decode itself, and LZ4 needs no HDF5
-    plugin this way."""
+    """Read frame by frame into ``out``. With one frame per LZ4 chunk (what swm writes), each
+    frame is one raw chunk read (through ``chunks`` where given) and one decode: h5py's selection
+    machinery would cost more than the decode itself, and LZ4 needs no HDF5 plugin this way; any
+    other layout is read through h5py."""
     frame_shape = dataset.shape[1:]
-    decode = _CHUNK_DECODERS.get(_filter_ids(dataset))
-    if dataset.chunks != (1, *frame_shape) or decode is None:
+    if dataset.chunks != (1, *frame_shape) or _filter_ids(dataset) != (H5Z_LZ4,):
         for position, row in enumerate(rows):
             dataset.read_direct(out, np.s_[int(row)], np.s_[position])
         return
@@ -374,7 +369,7 @@ def _read_each(dataset, rows: np.ndarray, out: np.ndarray, chunks=None) -> None:
         stored = chunks.read(row) if chunks is not None else None
         mask, data = stored or dataset.id.read_direct_chunk((row, *origin))
         # A set mask bit means the filter was skipped for this chunk: the bytes are raw.
-        flat[position] = np.frombuffer(data if mask & 1 else decode(data), np.uint8)
+        flat[position] = np.frombuffer(data if mask & 1 else _lz4_decode(data), np.uint8)
 
 
 def _lz4_encode(frame: np.ndarray) -> bytes:
@@ -405,9 +400,6 @@ def _lz4_decode(chunk: bytes):
         parts.append(block if stored == expected else codec.decompress(block, expected))
         position, done = position + 4 + stored, done + expected
     return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-_CHUNK_DECODERS = {(H5Z_DEFLATE,): zlib.decompress, (H5Z_LZ4,): _lz4_decode}
 
 
 def _write_lz4(dataset, start: int, frames: np.ndarray) -> None:
@@ -482,8 +474,7 @@ class Hdf5Writer:
         self.num_episodes, self.num_steps = len(lengths), int(lengths.sum())
         # Drop rows of an episode cut short by a kill: appending starts where the last commit ended.
         for name in (*INDEX_COLUMNS, *self.schema, CHECKSUM_COLUMN):
-            if name in self._file:  # files from before checksums have none
-                self._file[name].resize(self.num_steps, axis=0)
+            self._file[name].resize(self.num_steps, axis=0)
         for name in ("episode_offsets", "episode_lengths"):
             self._file[name].resize(self.num_episodes, axis=0)
         self._file.flush()
@@ -547,9 +538,8 @@ class Hdf5Writer:
             "episode_idx": np.full(length, self.num_episodes, dtype=np.int64),
             "step_idx": np.arange(length, dtype=np.int32),
             **episode,
+            CHECKSUM_COLUMN: row_checksums(episode, list(self.schema)),
         }
-        if CHECKSUM_COLUMN in self._file:
-            values[CHECKSUM_COLUMN] = row_checksums(episode, list(self.schema))
         for name, array in values.items():
             dataset = self._file[name]
             dataset.resize(stop, axis=0)
@@ -590,8 +580,8 @@ def _lookup3(data: bytes) -> int:
     length = len(data)
     a = b = c = (0xDEADBEEF + length) & mask
     padded = data.ljust(max(1, (length + 11) // 12) * 12, b"\0")
-    blocks = np.frombuffer(padded, "<u4").reshape(-1, 3).tolist()
-    for x, y, z in blocks[:-1]:
+    words = np.frombuffer(padded, "<u4").reshape(-1, 3).tolist()  # 12 bytes a round
+    for x, y, z in words[:-1]:
         a, b, c = (a + x) & mask, (b + y) & mask, (c + z) & mask
         a = ((a - c) & mask) ^ rot(c, 4)
         c = (c + b) & mask
@@ -607,7 +597,7 @@ def _lookup3(data: bytes) -> int:
         b = (b + a) & mask
     if length == 0:
         return c
-    x, y, z = blocks[-1]
+    x, y, z = words[-1]
     a, b, c = (a + x) & mask, (b + y) & mask, (c + z) & mask
     c = ((c ^ b) - rot(b, 14)) & mask
     a = ((a ^ c) - rot(c, 11)) & mask

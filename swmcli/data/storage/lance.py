@@ -3,10 +3,9 @@
 Images (rows with two or more dimensions) go in a ``large_binary`` column, one value per frame:
 its raw bytes as one standard LZ4 frame (the ``lz4`` command's format, high-compression mode),
 with Lance's own compression off for that column (``swm:codec = lz4-frame`` in the field's
-metadata). Lance's zstd over raw frames, which datasets written before use (they still read and
-append as they are), cost ~50 ms of CPU per batch of 256 frames at 224x224, nearly all of it in
-Lance's take; LZ4 frames cost ~17 ms, take and decoding together, for 1.35x the bytes on disk on
-the benchmark frames. Plain readers decode a frame with
+metadata). Lance's zstd over raw frames would cost ~50 ms of CPU per batch of 256 frames at
+224x224, nearly all of it in Lance's take; LZ4 frames cost ~17 ms, take and decoding together,
+for 1.35x the bytes on disk on the benchmark frames. Plain readers decode a frame with
 ``pyarrow.Codec("lz4").decompress(value, nbytes)`` (or ``lz4.frame.decompress``) and reshape it
 by the ``keys`` entry of the swm metadata. Vectors are ``fixed_size_list`` columns, scalars plain
 columns; the swm metadata (schema, env id, ...) is JSON in the Arrow schema metadata under
@@ -53,7 +52,7 @@ from swmcli.errors import DatasetError, UsageError, first_line
 
 COMPACT_EVERY = 64
 PIXEL_ENCODING = "raw uint8, one LZ4 frame per row"
-# Field metadata of an image column whose values are frames in a codec (absent: raw bytes).
+# Field metadata of an image column: the codec of its frames.
 CODEC = "swm:codec"
 LZ4_FRAME = "lz4-frame"
 # LZ4's high-compression mode at its cheapest level: frames decode as fast as (or faster than)
@@ -63,9 +62,9 @@ _STORAGE_VERSION = "2.1"
 # Aim for fragments of about this many bytes when compacting (rows of 224x224 pixels: ~1,700).
 _FRAGMENT_BYTES = 256 * 2**20
 _FOOTER = struct.Struct("<QQQII2H4s")  # the end of a Lance data file: see _check_footer
-# Frames (decoded bytes) per take: raw frames cost Lance a copy each and are taken a few MiB at a
-# time; LZ4 frames are a small fraction of that in the take, so a batch is one or two takes.
-_TAKE_BYTES = {None: 4 * 2**20, LZ4_FRAME: 64 * 2**20}
+# Frames (decoded bytes) per take: LZ4 frames are a small fraction of that in the take, so a
+# batch is one or two takes.
+_TAKE_BYTES = 64 * 2**20
 _DAMAGED_HINT = "the dataset is damaged (a missing or truncated file): restore it or collect again"
 _opened_by: int | None = None  # the pid that first opened a Lance dataset (inherited by a fork)
 
@@ -110,7 +109,7 @@ def _arrow_schema(schema, metadata: dict):
     fields = [pa.field("episode_idx", pa.int64()), pa.field("step_idx", pa.int32())]
     for key, (dtype, shape) in schema.items():
         if is_image(shape):
-            fields.append(_image_field(key, LZ4_FRAME))
+            fields.append(_image_field(key))
         elif shape:
             item = pa.from_numpy_dtype(dtype)
             fields.append(pa.field(key, pa.list_(item, int(np.prod(shape)))))
@@ -120,32 +119,25 @@ def _arrow_schema(schema, metadata: dict):
     return pa.schema(fields, metadata={"swm": json.dumps(metadata)})
 
 
-def _image_field(key: str, codec: str | None):
-    """An image column: LZ4 frames that Lance stores as they are, or (datasets from before) raw
-    frames that Lance compresses with zstd. Lance keeps the ``swm:codec`` entry in the dataset's
-    schema but not its own ``lance-encoding`` hint, so an appending writer sets the hint again."""
+def _image_field(key: str):
+    """An image column: LZ4 frames that Lance stores as they are. Lance keeps the ``swm:codec``
+    entry in the dataset's schema but not its own ``lance-encoding`` hint, so an appending writer
+    sets the hint again."""
     import pyarrow as pa
 
-    if codec is None:
-        return pa.field(key, pa.large_binary(), metadata={"lance-encoding:compression": "zstd"})
-    hints = {"lance-encoding:compression": "none", CODEC: codec}
+    hints = {"lance-encoding:compression": "none", CODEC: LZ4_FRAME}
     return pa.field(key, pa.large_binary(), metadata=hints)
 
 
-def _to_arrow(values: np.ndarray, shape: tuple[int, ...], codec: str | None):
+def _to_arrow(values: np.ndarray, shape: tuple[int, ...]):
     import pyarrow as pa
 
     rows = len(values)
     values = np.ascontiguousarray(values)
-    if is_image(shape) and codec is not None:
+    if is_image(shape):
         frames = values.reshape(rows, -1).view(np.uint8)
         encoded = [_lz4().compress(frame, asbytes=True) for frame in frames]
         return pa.array(encoded, pa.large_binary())
-    if is_image(shape):
-        row_bytes = values.nbytes // rows
-        offsets = np.arange(rows + 1, dtype=np.int64) * row_bytes
-        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(values.reshape(-1).view(np.uint8))]
-        return pa.LargeBinaryArray.from_buffers(pa.large_binary(), rows, buffers)
     if shape:
         return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), int(np.prod(shape)))
     return pa.array(values)
@@ -159,24 +151,19 @@ def _lz4():
 
 
 def _codec_of(field) -> str | None:
-    """The codec of an image column's values (None: raw bytes, as Lance's zstd columns hold)."""
+    """The codec of an image column's frames (None: the column names none)."""
     codec = (field.metadata or {}).get(CODEC.encode())
     return None if codec is None else codec.decode()
 
 
-def _from_arrow(column, dtype: np.dtype, shape: tuple[int, ...], codec: str | None = None):
+def _from_arrow(column, dtype: np.dtype, shape: tuple[int, ...]):
     """Arrow column -> ``(rows, *shape)`` array of ``dtype`` (copies only what Arrow must)."""
     array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
     rows = len(array)
-    if is_image(shape) and codec is not None:
+    if is_image(shape):
         out = np.empty((rows, *shape), dtype)
         _decode_frames(array, out, np.arange(rows))
         return out
-    if is_image(shape):
-        first = array.offset
-        offsets = np.frombuffer(array.buffers()[1], np.int64)[first : first + rows + 1]
-        data = np.frombuffer(array.buffers()[2], np.uint8)[offsets[0] : offsets[-1]]
-        return data.view(dtype).reshape(rows, *shape)
     if shape:
         return array.flatten().to_numpy(zero_copy_only=False).astype(dtype).reshape(rows, *shape)
     return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
@@ -202,6 +189,7 @@ class LanceReader:
     """Reads a swm Lance dataset; rows are fetched with ``take`` (only the rows asked for)."""
 
     format = "lance"
+    metadata_sealed = True  # checked on open
 
     def __init__(self, path: Location):
         self.path = path
@@ -224,15 +212,15 @@ class LanceReader:
                 hint="write it with swmcli.open_writer or `swm collect`",
             )
         try:
-            self.metadata, self.keys, self.metadata_sealed = read_metadata(raw, self.path)
+            self.metadata, self.keys = read_metadata(raw, self.path)
             _check_arrow_types(self.path, self._dataset.schema, self.keys)
         except DatasetError:
             self.close()
             raise
         fields = self._dataset.schema
         images = [key for key, (_, shape) in self.keys.items() if is_image(shape)]
-        self._codecs = {key: _codec_of(fields.field(key)) for key in images}
-        unknown = {k: c for k, c in self._codecs.items() if c not in (None, LZ4_FRAME)}
+        codecs = {key: _codec_of(fields.field(key)) for key in images}
+        unknown = {k: c for k, c in codecs.items() if c != LZ4_FRAME}
         if unknown:
             self.close()
             raise DatasetError(
@@ -314,8 +302,7 @@ class LanceReader:
 
     def _decode(self, key: str, column) -> np.ndarray:
         """``key``'s column as numpy; one whose sizes disagree with the schema is damage."""
-        codec = self._codecs.get(key)
-        return self._guard(lambda: _from_arrow(column, *self.keys[key], codec))
+        return self._guard(lambda: _from_arrow(column, *self.keys[key]))
 
     def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``rows`` (global, any order, repeats allowed) of ``key``, in that order (into
@@ -330,9 +317,8 @@ class LanceReader:
             out = np.empty((len(rows), *shape), dtype)
         # Takes in row order (Lance takes sorted rows in about 60% of the time of shuffled ones);
         # each frame is written straight into its row of ``out``.
-        codec = self._codecs[key]
         order = np.argsort(rows, kind="stable")
-        piece = max(1, _TAKE_BYTES[codec] // (np.dtype(dtype).itemsize * int(np.prod(shape))))
+        piece = max(1, _TAKE_BYTES // (np.dtype(dtype).itemsize * int(np.prod(shape))))
         for start in range(0, len(rows), piece):
             positions = order[start : start + piece]
             # Chunk by chunk (a take returns one per fragment it touched): combining them first
@@ -340,10 +326,7 @@ class LanceReader:
             done = 0
             for chunk in self._take(rows[positions], [key]).column(0).chunks:
                 into = positions[done : done + len(chunk)]
-                if codec is None:
-                    out[into] = self._decode(key, chunk)
-                else:
-                    self._guard(lambda c=chunk, i=into: _decode_frames(c, out, i))
+                self._guard(lambda c=chunk, i=into: _decode_frames(c, out, i))
                 done += len(chunk)
         return out
 
@@ -370,14 +353,12 @@ class LanceReader:
         start, length = int(self.episode_offsets[index]), int(self.episode_lengths[index])
         return np.arange(start, start + length, dtype=np.int64)
 
-    def read_checksums(self, index: int) -> np.ndarray | None:
-        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s; None if it was written without."""
+    def read_checksums(self, index: int) -> np.ndarray:
+        """Episode ``index``'s stored ``(rows, keys)`` CRC-32s."""
         return self.read_row_checksums(self._episode_rows(index))
 
-    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray | None:
-        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``; None if written without."""
-        if CHECKSUM_COLUMN not in self._dataset.schema.names:
-            return None
+    def read_row_checksums(self, rows: np.ndarray) -> np.ndarray:
+        """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``."""
         column = self._take(self._checked(rows), [CHECKSUM_COLUMN]).column(0)
         shape = (len(self.keys),)
         return self._guard(lambda: _from_arrow(column, np.dtype(np.uint32), shape))
@@ -399,8 +380,6 @@ def _check_arrow_types(where: Location, fields, schema) -> None:
     could give a vector another length, or a column another type)."""
     expected = _arrow_schema(schema, {})
     for field in expected:
-        if field.name == CHECKSUM_COLUMN and field.name not in fields.names:
-            continue  # written before row checksums
         if field.name not in fields.names:
             raise DatasetError(f"{where}: column {field.name} is missing", _DAMAGED_HINT)
         stored = fields.field(field.name).type
@@ -493,10 +472,9 @@ class LanceWriter:
         check_metadata(reader.metadata, self._user_metadata, self.path)
         self.schema = reader.keys
         self._arrow = reader._dataset.schema
-        for key, codec in reader._codecs.items():
-            self._arrow = self._arrow.set(
-                self._arrow.get_field_index(key), _image_field(key, codec)
-            )
+        for key, (_, shape) in self.schema.items():
+            if is_image(shape):
+                self._arrow = self._arrow.set(self._arrow.get_field_index(key), _image_field(key))
         self.num_steps = reader.num_steps
         if self.num_steps:
             last = reader._take(np.array([self.num_steps - 1]), ["episode_idx"]).column(0)
@@ -519,14 +497,9 @@ class LanceWriter:
         columns = [
             pa.array(np.full(length, self.num_episodes, dtype=np.int64)),
             pa.array(np.arange(length, dtype=np.int32)),
-            *(
-                _to_arrow(np.asarray(episode[k]), shape, _codec_of(self._arrow.field(k)))
-                for k, (_, shape) in self.schema.items()
-            ),
+            *(_to_arrow(np.asarray(episode[k]), shape) for k, (_, shape) in self.schema.items()),
+            _to_arrow(row_checksums(episode, list(self.schema)), (len(self.schema),)),
         ]
-        if CHECKSUM_COLUMN in self._arrow.names:  # datasets from before checksums have none
-            sums = row_checksums(episode, list(self.schema))
-            columns.append(_to_arrow(sums, (len(self.schema),), None))
         table = pa.Table.from_arrays(columns, schema=self._arrow)
         lance.write_dataset(
             table,

@@ -24,7 +24,7 @@ from swmcli.data.storage.location import Location
 from swmcli.errors import DatasetError, MissingKeyError, UsageError, first_line
 from swmcli.names import bad_name, check_name
 
-FORMAT_VERSION = 2  # 2: the metadata carries a checksum per field (see checksums.py)
+FORMAT_VERSION = 2  # the layout swm writes: metadata sealed by a checksum per field (checksums.py)
 
 
 # Bookkeeping columns every format stores; not episode keys.
@@ -54,7 +54,8 @@ class Reader(Protocol):
     def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]: ...
 
     # Integrity (see checksums.py): whether the metadata was checked against its checksums on
-    # open, and the stored per-row CRC-32s (None where the dataset has none).
+    # open, and the stored per-row CRC-32s (swm's own datasets; another tool's have neither:
+    # False and None).
     metadata_sealed: bool
 
     def read_checksums(self, index: int) -> np.ndarray | None: ...
@@ -135,11 +136,10 @@ def build_metadata(user: Mapping[str, Any], schema: Schema, pixel_encoding: str)
     return seal_metadata(meta)
 
 
-def read_metadata(raw: str | bytes, where) -> tuple[dict, Schema, bool]:
-    """Dataset metadata stored as JSON text: ``(metadata, schema, sealed)``, its checksums
-    checked (``sealed`` is False for a dataset written before metadata checksums); a
+def read_metadata(raw: str | bytes, where) -> tuple[dict, Schema]:
+    """Dataset metadata stored as JSON text: ``(metadata, schema)``, its checksums checked; a
     DatasetError naming the damage otherwise."""
-    metadata, sealed = unseal_metadata(raw, where)
+    metadata = unseal_metadata(raw, where)
     try:
         schema = schema_from_json(metadata["keys"])
         shapes = [shape for _, shape in schema.values()]
@@ -153,7 +153,7 @@ def read_metadata(raw: str | bytes, where) -> tuple[dict, Schema, bool]:
             f"{where}: its schema (metadata keys) is damaged: {first_line(error)}",
             hint="restore the dataset, or collect again",
         ) from None
-    return metadata, schema, sealed
+    return metadata, schema
 
 
 def check_stored_schema(where, stored: Mapping[str, tuple], schema: Schema) -> None:

@@ -7,8 +7,8 @@ px``, the T's angle as ``[cos, sin] / (pi/9)``, then the agent's velocity over 4
 the planner does not count (``proprio_dims`` 2, ``eval.proprio_weight`` 0). The agent's position
 and velocity are the observation's ``proprio``; the T's pose is what only the pixels show, and
 ``PoseReader`` reads it. ``BlockFrameDynamics`` predicts one action block on: an MLP that sees
-the agent, its velocity and the block's targets turned into the T's frame (pushing is the same
-wherever the T lies and however it is turned), its output turned back into the arena.
+the agent, its velocity and the action block's targets turned into the T's frame (pushing is the
+same wherever the T lies and however it is turned), its output turned back into the arena.
 
 ``loss`` trains both from the data's recorded ``state`` (``model.state_weight`` > 0 has the batch
 carry it): the reader on one frame of each of ``reader_batch`` clips (the first of half, the last
@@ -29,7 +29,7 @@ from swmcli.models.world_model import normalize_pixels
 
 POSITION_UNIT, ANGLE_UNIT = 20.0, math.pi / 9  # px, radians: the success region
 VELOCITY_UNIT = 400.0  # px/s: the agent's velocity, an input only
-FRAME_UNIT = 100.0  # px: positions in the T's frame, as the block-frame MLP sees them
+FRAME_UNIT = 100.0  # px: positions in the T's frame, as the MLP in that frame sees them
 ARENA = 512.0  # px: gym-pusht's arena side; an action in [-1, 1] is a target across it
 ACTION_DIM = 2  # the agent's target x, y
 
@@ -108,8 +108,8 @@ def turn(points: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
 class BlockFrameDynamics(nn.Module):
     """A Markov predictor in the T's frame: from one latent (``state_latent``) and its action
     block ``(..., frameskip * 2)``, an MLP sees the agent (relative to the T), its velocity and
-    the block's targets, all turned into the T's frame, and gives the agent's next position and
-    velocity and the T's move and turn there; they are turned back into the arena.
+    the action block's targets, all turned into the T's frame, and gives the agent's next
+    position and velocity and the T's move and turn there; they are turned back into the arena.
 
     An action is the agent's target across the arena (gym-pusht: ``[-1, 1]`` is ``[0, arena]``),
     or, with ``action_scale`` > 0, a move of the target from where the agent is, that many px a
@@ -131,19 +131,19 @@ class BlockFrameDynamics(nn.Module):
         )
 
     def forward(self, latents: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """Each latent's next ``(..., 8)`` from its own and its block's."""
-        agent, block = latents[..., 0:2] * POSITION_UNIT, latents[..., 2:4] * POSITION_UNIT
+        """Each latent's next ``(..., 8)`` from its own and its action block's."""
+        agent, tee = latents[..., 0:2] * POSITION_UNIT, latents[..., 2:4] * POSITION_UNIT
         velocity = latents[..., 6:8] * VELOCITY_UNIT
         angle = torch.atan2(latents[..., 5], latents[..., 4])
         cos, sin = angle.cos(), angle.sin()
-        blocks = actions.to(latents.dtype).unflatten(-1, (self.frameskip, ACTION_DIM))
+        each = actions.to(latents.dtype).unflatten(-1, (self.frameskip, ACTION_DIM))  # env actions
         # Into the T's frame: relative to the T, turned back by its angle.
-        agent_seen = turn(agent - block, cos, -sin)
+        agent_seen = turn(agent - tee, cos, -sin)
         if self.action_scale:  # moves: turned only
-            targets_seen = turn(blocks * self.action_scale, cos[..., None], -sin[..., None])
+            targets_seen = turn(each * self.action_scale, cos[..., None], -sin[..., None])
         else:
-            targets = (blocks + 1) * self.arena / 2
-            targets_seen = turn(targets - block[..., None, :], cos[..., None], -sin[..., None])
+            targets = (each + 1) * self.arena / 2
+            targets_seen = turn(targets - tee[..., None, :], cos[..., None], -sin[..., None])
         inputs = [
             agent_seen / FRAME_UNIT,
             turn(velocity, cos, -sin) / VELOCITY_UNIT,
@@ -152,14 +152,14 @@ class BlockFrameDynamics(nn.Module):
         ]
         out = self.net(torch.cat(inputs, dim=-1))
         # Back into the arena.
-        agent = block + turn(agent_seen + out[..., 0:2] * FRAME_UNIT, cos, sin)
+        agent = tee + turn(agent_seen + out[..., 0:2] * FRAME_UNIT, cos, sin)
         velocity = turn(out[..., 2:4] * VELOCITY_UNIT, cos, sin)
-        block = block + turn(out[..., 4:6] * FRAME_UNIT, cos, sin)
+        tee = tee + turn(out[..., 4:6] * FRAME_UNIT, cos, sin)
         angle = (angle + out[..., 6])[..., None]
         return torch.cat(
             [
                 agent / POSITION_UNIT,
-                block / POSITION_UNIT,
+                tee / POSITION_UNIT,
                 angle.cos() / ANGLE_UNIT,
                 angle.sin() / ANGLE_UNIT,
                 velocity / VELOCITY_UNIT,
@@ -169,7 +169,7 @@ class BlockFrameDynamics(nn.Module):
 
 
 class PushTStateModel(nn.Module):
-    """The reader and the block-frame predictor as one world model (the module's docstring)."""
+    """The reader and the predictor in the T's frame as one world model (the module's docstring)."""
 
     proprio_dims = 2  # the agent's velocity: in the latent, out of the planner's cost
     context_len = 1  # Markov: the state holds all the predictor needs
@@ -229,7 +229,7 @@ def build(
     arena: float = ARENA,
     action_scale: float = 0.0,
 ) -> PushTStateModel:
-    """The factory (``model.factory = "swmcli.models.pusht_state:build"``): a reader of
+    """The factory (``model.factory = "swmcli.zoo.pusht_state:build"``): a reader of
     ``width`` channels, a predictor MLP of ``hidden`` units, the reader trained on
     ``reader_batch`` frames a step; actions are targets, or moves of ``action_scale`` px a unit
     (``BlockFrameDynamics``). The data must be laid out as gym-pusht's (its sizes checked;

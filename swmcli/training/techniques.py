@@ -1,11 +1,12 @@
-"""Memory levers past precision: each trades time or a feature for bytes, each one switch.
+"""The memory techniques a training step switches on past precision: each trades time or a
+feature for bytes, each one switch (``runtime`` settings).
 
 - **Activation checkpointing** (``runtime.activation_checkpointing``): the chosen modules keep
   only their inputs in forward and run again in backward (PyTorch's non-reentrant
   ``torch.utils.checkpoint`` through ``checkpoint_wrapper``). Saves most activations of those
-  modules; costs about one more forward of them per step (~20-30% more compute for
-  transformer blocks). ``blocks`` picks every child of every ``nn.ModuleList`` (the repeated
-  blocks of a transformer: swm's ViT and predictor layers), or name module classes
+  modules; costs about one more forward of them per step (~20-30% more compute for transformer
+  layers). ``layers`` picks every child of every ``nn.ModuleList`` (the repeated layers of a
+  transformer: swm's ViT and predictor layers), or name module classes
   (``TransformerEncoderLayer,Conv2d``). Weights are saved without the wrapper's prefix.
 - **Optimizer step in backward** (``runtime.optimizer_in_backward``): each parameter is updated by
   its own AdamW as soon as its gradient is complete (``register_post_accumulate_grad_hook``) and
@@ -16,17 +17,15 @@
   hooks). The gradient norm it reports is the true one: each gradient's norm is taken before it
   is freed.
 - **Fully sharded data parallel** (``runtime.shard``, under torchrun): PyTorch's own FSDP2
-  ``fully_shard`` on each block, then on the whole model; every rank keeps ``1/ranks`` of the
-  parameters, gradients and AdamW state and all-gathers one block's weights at a time. Same
-  losses as one process on the global batch; costs an all-gather per block in forward and in
-  backward and a reduce-scatter of its gradients. Checkpoints hold the full (unsharded) state.
+  ``fully_shard`` on each layer, then on the whole model; every rank keeps ``1/ranks`` of the
+  parameters, gradients and AdamW state and all-gathers one layer's weights at a time. Same
+  losses as one process on the global batch; costs an all-gather per layer in forward and in
+  backward and a reduce-scatter of its gradients. Checkpoints hold the full (unsharded) state
+  (``training_state``, ``restore_optimizer``).
 
-A frozen part (``train.freeze``) saves memory too: its weights get no gradient and no AdamW
-state, and autograd keeps no activation for it when nothing before it is trained.
-
-``apply_levers`` switches them on for a model; ``make_optimizer`` gives the optimizer the step
-uses; ``gradient_sync`` lets data-parallel gradient accumulation all-reduce only the last
-micro-batch (DDP's ``no_sync``, FSDP's ``set_requires_gradient_sync``).
+``check_combination`` refuses, before any work, techniques that cannot go together with the
+other settings. ``recipe`` switches them on for the model a run trains; ``swm memprofile``
+predicts each (``memory.predict``, ``memory.fitting``).
 """
 
 from typing import Any
@@ -34,12 +33,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from swmcli.config import SwmConfig
 from swmcli.errors import UsageError
-from swmcli.models.interface import build_model as build_world_model
-from swmcli.models.interface import model_args
 
-BLOCKS = "blocks"
+LAYERS = "layers"
 
 
 def comma_names(text: str) -> list[str]:
@@ -47,19 +43,19 @@ def comma_names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-def blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of ``model``: every child of every ``nn.ModuleList``."""
+def layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated layers of ``model``: every child of every ``nn.ModuleList``."""
     lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
     return [child for module_list in lists for child in module_list]
 
 
 def checkpointed_modules(model: nn.Module, choice: str) -> set[nn.Module]:
-    """The modules of ``model`` that ``choice`` names: ``blocks`` or class names, comma-separated.
+    """The modules of ``model`` that ``choice`` names: ``layers`` or class names, comma-separated.
 
     Nested picks are dropped (a module inside another picked one is recomputed with it).
     """
-    if choice == BLOCKS:
-        picked = set(blocks(model))
+    if choice == LAYERS:
+        picked = set(layers(model))
     else:
         names = set(comma_names(choice))
         picked = {module for module in model.modules() if type(module).__name__ in names}
@@ -67,7 +63,7 @@ def checkpointed_modules(model: nn.Module, choice: str) -> set[nn.Module]:
         if missing := sorted(names - present):
             raise UsageError(
                 f"--activation-checkpointing {choice!r}: the model has no {', '.join(missing)}",
-                hint=f"use {BLOCKS!r} or module classes it has, e.g. "
+                hint=f"use {LAYERS!r} or module classes it has, e.g. "
                 f"{', '.join(sorted(present)[:6])}",
             )
     if not picked:
@@ -149,54 +145,8 @@ class InBackwardOptimizer:
             optimizer.load_state_dict(one)
 
 
-def make_optimizer(model: nn.Module, train_cfg, in_backward: bool = False):
-    """AdamW with the multi-tensor (foreach) update CUDA uses by default, on every device, so
-    ``swm memprofile`` traces the very optimizer that training runs; with ``in_backward`` one per
-    parameter, stepped in backward (``InBackwardOptimizer``)."""
-
-    def adamw(parameters):
-        return torch.optim.AdamW(
-            parameters, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, foreach=True
-        )
-
-    return InBackwardOptimizer(model, adamw) if in_backward else adamw(model.parameters())
-
-
-def freeze_parts(model: nn.Module, names: str) -> None:
-    """Leave the modules ``names`` (their names in ``model``, comma-separated: ``encoder``,
-    ``proprio_norm``) as they are through training: no gradient for their weights, and eval
-    mode on every call whatever the model's mode (a BatchNorm's statistics stay as loaded)."""
-    parts = dict(model.named_modules())
-    wanted = comma_names(names)
-    if missing := [name for name in wanted if name not in parts]:
-        children = ", ".join(name for name, _ in model.named_children())
-        raise UsageError(
-            f"train.freeze names {', '.join(missing)}, which this model does not have",
-            hint=f"its parts: {children}",
-        )
-    for name in wanted:
-        parts[name].requires_grad_(False)
-        parts[name].register_forward_pre_hook(_run_in_eval_mode)
-    if not any(parameter.requires_grad for parameter in model.parameters()):
-        raise UsageError(
-            f"train.freeze={names} leaves nothing of the model to train",
-            hint="freeze fewer parts (e.g. --freeze encoder)",
-        )
-
-
-def _run_in_eval_mode(module: nn.Module, _inputs) -> None:
-    module.eval()
-
-
-def apply_levers(model: nn.Module, runtime_cfg) -> nn.Module:
-    """``model`` with the levers ``runtime_cfg`` switches on (in place; returned for chaining)."""
-    if runtime_cfg.activation_checkpointing:
-        checkpoint_activations(model, runtime_cfg.activation_checkpointing)
-    return model
-
-
-def check_lever_combination(cfg, ranks: int | None = None) -> None:
-    """Refuse, before any work, levers that cannot go together with the other settings;
+def check_combination(cfg, ranks: int | None = None) -> None:
+    """Refuse, before any work, techniques that cannot go together with the other settings;
     ``ranks``: the data-parallel processes (torchrun's, else ``runtime.nproc``)."""
     ranks = ranks or cfg.runtime.nproc
     if cfg.runtime.shard and ranks == 1:
@@ -227,15 +177,15 @@ def check_lever_combination(cfg, ranks: int | None = None) -> None:
 
 
 def shard(objective: nn.Module, device: torch.device) -> nn.Module:
-    """``objective`` fully sharded over every rank (FSDP2): each block, then the whole; returns
+    """``objective`` fully sharded over every rank (FSDP2): each layer, then the whole; returns
     it (``fully_shard`` works in place). Make the optimizer after this: it must see the shards."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for block in blocks(objective):
-        fully_shard(block, mesh=mesh)
+    for layer in layers(objective):
+        fully_shard(layer, mesh=mesh)
     return fully_shard(objective, mesh=mesh)
 
 
@@ -263,17 +213,3 @@ def restore_optimizer(net: nn.Module, optimizer, state: dict, sharded: bool) -> 
 
     options = StateDictOptions(full_state_dict=True)
     set_optimizer_state_dict(net, optimizer, state, options=options)
-
-
-def build_model(cfg: SwmConfig, metadata: dict[str, Any]):
-    """The world model for this config and dataset (swm's or ``model.factory``'s, seeded by
-    ``train.seed``), with its memory levers on."""
-    import torch
-
-
-    check_lever_combination(cfg)
-    torch.manual_seed(cfg.train.seed)
-    model = build_world_model(cfg.model, model_args(cfg, metadata))
-    if cfg.train.freeze:
-        freeze_parts(model, cfg.train.freeze)
-    return apply_levers(model, cfg.runtime)

@@ -1,7 +1,8 @@
-"""Memory levers: each trains to the same losses as without it, and its memory is predicted.
+"""Memory techniques: each trains to the same losses as without it, and its memory is predicted.
 
-Equality on a few real training steps of the tiny preset (float rounding apart); what each lever
-saves, predicted (test_memprofile.py holds each prediction to the real CPU step within 5%).
+Equality on a few real training steps of the tiny preset (float rounding apart); what each
+technique saves, predicted (test_memprofile.py holds each prediction to the real CPU step within
+5%).
 """
 
 import copy
@@ -19,15 +20,15 @@ from swmcli.cli import app
 from swmcli.commands.train import run_train
 from swmcli.config import resolve_config, with_settings
 from swmcli.errors import UsageError
-from swmcli.memory.levers import (
-    InBackwardOptimizer,
-    check_lever_combination,
-    checkpoint_activations,
-    checkpointed_modules,
-    make_optimizer,
-)
 from swmcli.memory.measure import MemoryMonitor
 from swmcli.memory.predict import PeakPredictor, Variant
+from swmcli.training.recipe import make_optimizer
+from swmcli.training.techniques import (
+    InBackwardOptimizer,
+    check_combination,
+    checkpoint_activations,
+    checkpointed_modules,
+)
 
 MODELS = Path(__file__).parent / "models"
 # Each model of the matrix: its factory (None: swm's own) and the module classes to checkpoint.
@@ -36,61 +37,61 @@ MATRIX_MODELS = {
     "mlp": (f"{MODELS / 'mlp_world_model.py'}:build", "Sequential"),
     "conv": (f"{MODELS / 'conv_world_model.py'}:build", "ConvStage"),
 }
-# No lever, each alone (checkpointing by blocks and by class), each pair, all three.
-LEVER_SETS = ["none", "bf16", "blocks", "class", "inbwd", "bf16+blocks", "bf16+class",
-              "bf16+inbwd", "blocks+inbwd", "class+inbwd", "bf16+blocks+inbwd",
-              "bf16+class+inbwd"]  # fmt: skip
+# No technique, each alone (checkpointing by layers and by class), each pair, all three.
+TECHNIQUE_SETS = ["none", "bf16", "layers", "class", "inbwd", "bf16+layers", "bf16+class",
+                  "bf16+inbwd", "layers+inbwd", "class+inbwd", "bf16+layers+inbwd",
+                  "bf16+class+inbwd"]  # fmt: skip
 _RUNS: dict[tuple[str, str], tuple[list[dict], int, int]] = {}
 
 
-def _lever_settings(model: str, levers: str) -> dict:
+def _technique_settings(model: str, techniques: str) -> dict:
     factory, classes = MATRIX_MODELS[model]
     each = {
         "bf16": {"runtime.bf16": True},
-        "blocks": {"runtime.activation_checkpointing": "blocks"},
+        "layers": {"runtime.activation_checkpointing": "layers"},
         "class": {"runtime.activation_checkpointing": classes},
         "inbwd": {"runtime.optimizer_in_backward": True},
     }
     settings = {"model.factory": factory}
-    for lever in levers.split("+"):
-        settings.update(each.get(lever, {}))
+    for technique in techniques.split("+"):
+        settings.update(each.get(technique, {}))
     return settings
 
 
-def _matrix_run(tiny_data, tmp_path_factory, model: str, levers: str):
-    """Three real training steps of ``model`` with ``levers`` (cached): the logged rows, the
+def _matrix_run(tiny_data, tmp_path_factory, model: str, techniques: str):
+    """Three real training steps of ``model`` with ``techniques`` (cached): the logged rows, the
     preflight's prediction (the CPU's semantics: this run is on the CPU) and the live-bytes peak
     of its steady steps."""
-    if (model, levers) not in _RUNS:
-        out = tmp_path_factory.mktemp(f"{model}-{levers}")
+    if (model, techniques) not in _RUNS:
+        out = tmp_path_factory.mktemp(f"{model}-{techniques}")
         flags = {"data.path": tiny_data, "train.out": out, "train.steps": 3}
         flags |= {"train.log_every": 1, "train.grad_clip": 0}  # in backward cannot clip
-        cfg = resolve_config("tiny", flags={**flags, **_lever_settings(model, levers)})
+        cfg = resolve_config("tiny", flags={**flags, **_technique_settings(model, techniques)})
         monitor = MemoryMonitor(track_tensors=True)
         result = run_train(cfg, monitor)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         steady = next(p for p in monitor.report.phases if p.name == "steady state")
         predicted = result.fields["preflight_step_bytes"]
-        _RUNS[model, levers] = rows, predicted, steady.live_tensor_peak_bytes
-    return _RUNS[model, levers]
+        _RUNS[model, techniques] = rows, predicted, steady.live_tensor_peak_bytes
+    return _RUNS[model, techniques]
 
 
-@pytest.mark.parametrize("levers", LEVER_SETS)
+@pytest.mark.parametrize("techniques", TECHNIQUE_SETS)
 @pytest.mark.parametrize("model", MATRIX_MODELS)
-def test_every_lever_set_trains_to_its_reference_as_predicted(
-    tiny_data, tmp_path_factory, model, levers
+def test_every_technique_set_trains_to_its_reference_as_predicted(
+    tiny_data, tmp_path_factory, model, techniques
 ):
-    """The lever matrix: each set trains 3 steps to its reference's losses (fp32 sets: the plain
+    """The technique matrix: each set trains 3 steps to its reference's losses (fp32 sets: the plain
     run's; bf16 sets: bf16 alone's) with the true gradient norm, and the preflight predicts its
     steady steps' live-bytes peak within 5%; or it is refused in one line before training."""
-    if model == "mlp" and "blocks" in levers:  # an MLP has no repeated blocks: refused
+    if model == "mlp" and "layers" in techniques:  # an MLP has no repeated layers: refused
         with pytest.raises(UsageError, match="no module to checkpoint"):
-            _matrix_run(tiny_data, tmp_path_factory, model, levers)
+            _matrix_run(tiny_data, tmp_path_factory, model, techniques)
         return
-    rows, predicted, measured = _matrix_run(tiny_data, tmp_path_factory, model, levers)
-    reference = "bf16" if "bf16" in levers else "none"
+    rows, predicted, measured = _matrix_run(tiny_data, tmp_path_factory, model, techniques)
+    reference = "bf16" if "bf16" in techniques else "none"
     expected = _matrix_run(tiny_data, tmp_path_factory, model, reference)[0]
-    tolerance = 1e-4 if "bf16" in levers else 1e-5
+    tolerance = 1e-4 if "bf16" in techniques else 1e-5
     for key in ("loss", "grad_norm"):
         values = [row[key] for row in rows]
         assert all(np.isfinite(values)) and values[0] > 0
@@ -102,8 +103,8 @@ def test_every_lever_set_trains_to_its_reference_as_predicted(
 def test_checkpointing_keeps_the_saved_weights_plain():
     layers = nn.Sequential(nn.Linear(4, 4), nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)]))
     keys = set(layers.state_dict())
-    assert checkpoint_activations(layers, "blocks") == 2
-    assert set(layers.state_dict()) == keys  # checkpoints load with or without the lever
+    assert checkpoint_activations(layers, "layers") == 2
+    assert set(layers.state_dict()) == keys  # checkpoints load with or without the technique
     assert checkpointed_modules(nn.Sequential(nn.Linear(2, 2)), "Linear")
 
 
@@ -111,7 +112,7 @@ def test_checkpointing_names_a_module_class_the_model_lacks():
     with pytest.raises(UsageError, match="no Conv3d"):
         checkpointed_modules(nn.Sequential(nn.Linear(2, 2)), "Conv3d")
     with pytest.raises(UsageError, match="no module to checkpoint"):
-        checkpointed_modules(nn.Sequential(nn.Linear(2, 2)), "blocks")
+        checkpointed_modules(nn.Sequential(nn.Linear(2, 2)), "layers")
 
 
 def test_optimizer_in_backward_frees_each_gradient_and_reports_their_true_norm():
@@ -130,7 +131,7 @@ def test_optimizer_in_backward_frees_each_gradient_and_reports_their_true_norm()
     assert float(expected) > 0
     with pytest.raises(UsageError, match="accumulat"):
         settings = {"runtime.optimizer_in_backward": True, "train.grad_clip": 0}
-        check_lever_combination(with_settings(cfg, {**settings, "train.grad_accum": 2}))
+        check_combination(with_settings(cfg, {**settings, "train.grad_accum": 2}))
 
 
 @pytest.mark.parametrize("command", ["train", "memprofile"])
@@ -146,13 +147,13 @@ def test_optimizer_in_backward_with_clipping_is_refused_in_one_line_before_any_w
     assert not out.exists()  # refused before anything was written
 
 
-def test_levers_lower_the_predicted_peak():
+def test_techniques_lower_the_predicted_peak():
     cfg = resolve_config("tiny")
     predictor = PeakPredictor(
         cfg, {"pixels": np.zeros((32, 32, 3), np.uint8), "action": np.zeros(2)}
     )
     base = Variant("train", False, 16, cfg.data.history_len, 1)
-    checkpointed = predictor.predict(replace(base, checkpointing="blocks"))
+    checkpointed = predictor.predict(replace(base, checkpointing="layers"))
     assert checkpointed.peak_bytes < predictor.predict(base).peak_bytes
     # One clip: the weights' bytes decide the peak, and no step holds every gradient.
     one = replace(base, batch_size=1)
