@@ -1,8 +1,9 @@
-"""swm's predictor on gym-pusht's recorded states, planned from the exact state: what is left of
-Push-T for a world model whose encoder reads the state perfectly (docs/bring-your-env.md, "The
-recorded state as a training target").
+"""Reproduces docs/reports/pusht.md, table 'Planning from the recorded state'.
 
-    PYTHONPATH=. python benchmarks/pusht_state_dynamics.py RUN [--data DATA] [--steps 6000]
+swm's predictor on gym-pusht's recorded states, planned from the exact state: what is left of
+Push-T for a world model whose encoder reads the state perfectly.
+
+    PYTHONPATH=. python experiments/pusht_state_dynamics.py RUN [--data DATA] [--steps 6000]
         [--predictor transformer|block-frame] [--planner-rounds 0] [--planner-episodes 600]
         [--reader-steps 0] [--set KEY=VALUE ...]
 
@@ -11,7 +12,7 @@ Trains a predictor on DATA's training episodes (default: RUN's data), its "laten
 ``models.state.StateFeatures``), then the agent's velocity from ``proprio``; clips of 6
 observations ``data.frameskip`` env steps apart, with the one-step and the five-block loss. The
 predictor is swm's (``transformer``, RUN's size) or ``block-frame`` (the Push-T state model's,
-``swmcli.models.pusht_state``): a Markov MLP that sees the agent, its velocity and the action's
+``swmcli.zoo.pusht_state``): a Markov MLP that sees the agent, its velocity and the action's
 targets in the T's frame and moves the T there (pushing is the same anywhere in the arena and at
 any angle; the transformer must learn that from data). Prints its held-out errors in pixels and
 degrees, one block and five blocks on. With ``--planner-rounds K``, K times: the predictor's
@@ -25,8 +26,7 @@ between this and the physics ceiling (``pusht_oracle.py``) is the learned dynami
 ``--reader-steps N``, pixels after all: a CNN (``pusht_reader.py``) trained N steps to read the
 T's pose from the training episodes' frames, and the planner starts from the T it reads from the
 frame the env draws and aims at the T it reads from the goal image, the agent's position and
-velocity its observation's (docs/bring-your-env.md, "The T read from the frames by a CNN of its
-own"). Needs gym-pusht.
+velocity its observation's. Needs gym-pusht.
 """
 
 from __future__ import annotations
@@ -47,17 +47,17 @@ from swmcli.data.clips import heldout_split
 from swmcli.data.formats import open_reader
 from swmcli.envs import pusht
 from swmcli.models.predictor import Predictor
-from swmcli.models.pusht_state import (
+from swmcli.models.rollout import rollout
+from swmcli.models.state import StateFeatures
+from swmcli.planning import planners
+from swmcli.planning.goals import dataset_episodes, goal_episodes, wilson_interval
+from swmcli.zoo.pusht_state import (
     ACTION_DIM,
     ANGLE_UNIT,
     POSITION_UNIT,
     VELOCITY_UNIT,
     BlockFrameDynamics,
 )
-from swmcli.models.rollout import rollout
-from swmcli.models.state import StateFeatures
-from swmcli.planning import planners
-from swmcli.planning.goals import dataset_episodes, goal_episodes, wilson_interval
 
 CLIP = 6  # observations: five blocks, the planning horizon
 UNITS = [POSITION_UNIT] * 4 + [ANGLE_UNIT]  # gym-pusht's state: the success region

@@ -1,9 +1,10 @@
-"""A CNN that reads gym-pusht's T from a frame: its position and angle, trained on the recorded
-state (``pusht_state_dynamics.py --reader-steps``; docs/bring-your-env.md, "The T read from the
-frames by a CNN of its own").
+"""Reproduces docs/reports/pusht.md, table 'What limits it', row 'a CNN reads the T' (its reader).
+
+A CNN that reads gym-pusht's T from a frame: its position and angle, trained on the recorded
+state (``pusht_state_dynamics.py --reader-steps``).
 
 The agent's position and velocity come with every observation (``proprio``); the T's pose is
-what only the pixels show. The reader is the Push-T state model's (``swmcli.models.pusht_state``:
+what only the pixels show. The reader is the Push-T state model's (``swmcli.zoo.pusht_state``:
 a full-resolution stage, then stride-2 stages down to 4 x 4, the pixel coordinates as two more
 input channels, an MLP head), trained here alone, its output scaled by the training targets'
 spread, with the squared error in the success criterion's units (position over 20 px, the
@@ -19,7 +20,7 @@ from rich.console import Console
 from torch import nn
 
 from swmcli.data.formats import open_reader
-from swmcli.models.pusht_state import POSITION_UNIT, PoseReader, pose_features
+from swmcli.zoo.pusht_state import POSITION_UNIT, PoseReader, pose_features
 
 BATCH = 128
 
