@@ -155,6 +155,6 @@ def test_every_command_page_lists_every_flag_of_its_help():
 def test_every_script_the_docs_name_exists():
     for page in PAGES:
         for script in set(
-            re.findall(r"(?:benchmarks|tests)/[\w./-]+\.(?:py|sh)", page.read_text())
+            re.findall(r"(?:benchmarks|experiments|tests)/[\w./-]+\.(?:py|sh)", page.read_text())
         ):
             assert (ROOT / script).is_file(), f"{page.name}: {script}"

@@ -403,16 +403,12 @@ def test_eval_refuses_data_replaced_at_another_resolution(tiny_run, tmp_path):
 def test_the_plan_or_model_benchmark_costs_every_start_row_under_the_model_and_in_the_env(
     tiny_run,
 ):
-    import os
-    import subprocess
-    import sys
+    from repo_scripts import run_script
 
-    root = Path(__file__).resolve().parents[1]
     sets = ["eval.protocol=dataset", "eval.goal_offset=3", "eval.episodes=3"]
-    done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "plan_or_model.py"), str(tiny_run), "--play",
-         *[part for item in sets for part in ("--set", item)]],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
+    done = run_script(
+        "experiments/plan_or_model.py", str(tiny_run), "--play",
+        *[part for item in sets for part in ("--set", item)],
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     row = next(line for line in done.stdout.splitlines() if line.startswith("│ 3 "))

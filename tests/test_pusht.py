@@ -7,9 +7,7 @@ where gym-pusht is not installed.
 """
 
 import json
-import os
 import re
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +19,7 @@ import torch
 pytest.importorskip("gym_pusht", reason="Push-T needs the [pusht] extra: pip install gym-pusht")
 
 import pusht_tiny
+from repo_scripts import ROOT, run_script
 
 from swmcli.commands.evaluate import _goal_episodes, load_model, run_eval
 from swmcli.config import resolve_config
@@ -49,15 +48,6 @@ def pusht_run(tmp_path_factory) -> Path:
 
 def _cfg(run_dir: Path):
     return resolve_config(config_file=run_dir / "config.json")
-
-
-def _benchmark(script: str, *args: str) -> subprocess.CompletedProcess:
-    """``benchmarks/SCRIPT ARGS`` run as a user runs it (``PYTHONPATH`` the checkout)."""
-    root = Path(__file__).resolve().parents[1]
-    return subprocess.run(
-        [sys.executable, str(root / "benchmarks" / script), *args],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300,
-    )  # fmt: skip
 
 
 def test_recorded_states_are_set_back_exactly_with_goals_offset_ahead(pusht_run):
@@ -162,7 +152,7 @@ def test_the_presets_model_holds_the_agents_state_plans_with_it_and_refuses_rand
 
 def test_the_misses_benchmark_splits_the_runs_own_successes_by_what_the_goal_asks(pusht_run):
     fields = run_eval(pusht_run, MemoryMonitor()).fields
-    done = _benchmark("pusht_misses.py", str(pusht_run))
+    done = run_script("experiments/pusht_misses.py", str(pusht_run))
     assert done.returncode == 0, done.stderr[-2000:]
     rows = {
         tuple(cell.strip() for cell in line.split("│")[1:3]): line.split("│")[3].strip()
@@ -178,7 +168,7 @@ def test_the_misses_benchmark_splits_the_runs_own_successes_by_what_the_goal_ask
 
 
 def test_the_block_probe_reads_the_state_back_from_latents_and_from_the_frames(pusht_run):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import block_probe
 
     latent = block_probe.probe(pusht_run, every=1, sets=[])
@@ -191,8 +181,7 @@ def test_the_block_probe_reads_the_state_back_from_latents_and_from_the_frames(p
 
 
 def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protocol(pusht_run):
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import pusht_oracle
 
     cfg = _cfg(pusht_run)
@@ -218,19 +207,21 @@ def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protoco
     env.close()
 
     for score in ("criterion", "latent"):  # the tiny run's cost: its model, the state in it
-        done = _benchmark(
-            "pusht_oracle.py", str(pusht_run), "--samples", "6", "--iterations", "2", "--score",
-            score,
+        done = run_script(
+            "experiments/pusht_oracle.py", str(pusht_run), "--samples", "6", "--iterations", "2",
+            "--score", score,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         assert f"│ {score}" in done.stdout and "│ all " in done.stdout and "/3 = " in done.stdout
-    other_env = _benchmark("pusht_oracle.py", str(pusht_run), "--set", "env.id=swm/TwoRoom-v0")
+    other_env = run_script(
+        "experiments/pusht_oracle.py", str(pusht_run), "--set", "env.id=swm/TwoRoom-v0"
+    )
     assert other_env.returncode != 0 and "Traceback" not in other_env.stderr
     assert "gym-pusht's physics only" in other_env.stderr and "hint:" in other_env.stderr
 
 
 def test_the_benchmarks_plays_never_plan_past_the_budget(pusht_run):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import pusht_oracle
 
     cfg = _cfg(pusht_run)  # budget 8 env steps, blocks of 5: two blocks, the second cut short
@@ -262,9 +253,10 @@ def test_the_latent_reads_the_blocks_pose_and_plans_with_it(pusht_run, tmp_path)
 
 
 def test_the_state_dynamics_benchmark_trains_on_states_and_plays_the_protocol(pusht_run):
-    done = _benchmark(
-        "pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--eval-seeds", "1000", "2000"
-    )
+    done = run_script(
+        "experiments/pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--eval-seeds",
+        "1000", "2000",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "clips of 6 states; 2 steps of 256" in done.stdout
     assert "held out, 5 blocks on: agent " in done.stdout
@@ -272,9 +264,10 @@ def test_the_state_dynamics_benchmark_trains_on_states_and_plays_the_protocol(pu
 
 
 def test_the_block_frame_predictor_trains_again_on_its_planners_plays(pusht_run):
-    done = _benchmark(
-        "pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--predictor", "block-frame",
-        "--planner-rounds", "1", "--planner-episodes", "2", "--set", "eval.step_budget=30",
+    done = run_script(
+        "experiments/pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--predictor",
+        "block-frame", "--planner-rounds", "1", "--planner-episodes", "2", "--set",
+        "eval.step_budget=30",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     sizes = re.findall(r"([\d,]+) clips of 6 states; 2 steps of 512", done.stdout)
@@ -285,9 +278,9 @@ def test_the_block_frame_predictor_trains_again_on_its_planners_plays(pusht_run)
 
 
 def test_the_state_benchmark_plans_from_the_t_its_reader_reads(pusht_run):
-    done = _benchmark(
-        "pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--predictor", "block-frame",
-        "--reader-steps", "2",
+    done = run_script(
+        "experiments/pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--predictor",
+        "block-frame", "--reader-steps", "2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"the reader: [\d,]+ frames; 2 steps of 128", done.stdout)
@@ -298,7 +291,7 @@ def test_the_state_benchmark_plans_from_the_t_its_reader_reads(pusht_run):
 def test_the_planner_plans_from_the_pose_the_reader_reads_not_the_envs(pusht_run, monkeypatch):
     """A reader that always reads one pose: the plan starts from it and aims at it, whatever the
     env's state and the goal's, and the agent's position and velocity are the env's own."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import pusht_oracle
     import pusht_state_dynamics as bench
     from pusht_reader import read_state
@@ -359,8 +352,8 @@ def test_a_predictor_trains_on_the_runs_frozen_encoder_and_agent_state_norm(push
 
 def test_the_noisy_data_benchmark_keeps_the_held_out_episodes_last(pusht_run, tmp_path):
     source, out = _cfg(pusht_run).data.path, tmp_path / "mixed.lance"
-    done = _benchmark(
-        "pusht_noisy_data.py", str(source), str(out), "--episodes", "1", "--heldout", "2"
+    done = run_script(
+        "benchmarks/pusht_noisy_data.py", str(source), str(out), "--episodes", "1", "--heldout", "2"
     )
     assert done.returncode == 0, done.stderr[-2000:]
     before, after = open_reader(source), open_reader(out)
@@ -377,9 +370,9 @@ def test_the_planner_data_benchmark_records_the_planners_steps_from_training_sta
     from swmcli.planning.goals import dataset_episodes
 
     cfg, out = _cfg(pusht_run), tmp_path / "planner.lance"
-    done = _benchmark(
-        "pusht_planner_data.py", str(pusht_run), str(out), "--episodes", "2", "--seed", "7",
-        "--repeat", "2",
+    done = run_script(
+        "experiments/pusht_planner_data.py", str(pusht_run), str(out), "--episodes", "2", "--seed",
+        "7", "--repeat", "2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     before, after = open_reader(cfg.data.path), open_reader(out)
@@ -471,7 +464,7 @@ def test_memprofile_traces_the_state_presets_loss_on_proprio_and_state():
 
 
 def test_the_state_errors_benchmark_reads_the_runs_held_out_errors(pusht_state_run):
-    done = _benchmark("pusht_state_errors.py", str(pusht_state_run))
+    done = run_script("experiments/pusht_state_errors.py", str(pusht_state_run))
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"the reader, held-out frames: T [\d.]+ px, angle [\d.]+ degrees", done.stdout)
     assert re.search(r"held out, 5 blocks on: agent [\d.]+ px, T [\d.]+ px", done.stdout)

@@ -1,6 +1,8 @@
-"""The planner's ceiling on Push-T: the run's planner with gym-pusht's own physics as its model.
+"""Reproduces docs/reports/pusht.md, table 'What limits it', row 'the physics as the model'.
 
-    PYTHONPATH=. python benchmarks/pusht_oracle.py RUN [--samples 100 --iterations 10]
+The planner's ceiling on Push-T: the run's planner with gym-pusht's own physics as its model.
+
+    PYTHONPATH=. python experiments/pusht_oracle.py RUN [--samples 100 --iterations 10]
         [--score criterion|latent] [--set ...]
 
 Plays ``swm eval RUN``'s dataset protocol (the same start rows and goals, budget and receding

@@ -1,8 +1,9 @@
-"""Push-T data from the planner's own plans: a run's planner played from training start rows
-toward their recorded goals, every step recorded, the same held-out episodes last
-(docs/bring-your-env.md, "The planner's own plans as data").
+"""Reproduces docs/reports/pusht.md, table 'What limits it', row 'the planner's plans as data'.
 
-    PYTHONPATH=. python benchmarks/pusht_planner_data.py RUN OUT [--episodes 200] [--seed 5000]
+Push-T data from the planner's own plans: a run's planner played from training start rows
+toward their recorded goals, every step recorded, the same held-out episodes last.
+
+    PYTHONPATH=. python experiments/pusht_planner_data.py RUN OUT [--episodes 200] [--seed 5000]
         [--repeat 1] [--set KEY=VALUE ...]
 
 Draws ``--episodes`` start rows and goals as ``swm eval``'s dataset protocol does, but from the

@@ -1,7 +1,8 @@
-"""Several predictors on one frozen encoder, planned as one model (docs/bring-your-env.md, "A new
-predictor on the decoder's frozen latent").
+"""Reproduces docs/reports/pusht.md, table 'What limits it', row 'an ensemble of predictors'.
 
-    PYTHONPATH=. python benchmarks/predictor_ensemble.py OUT RUN RUN [RUN ...]
+Several predictors on one frozen encoder, planned as one model.
+
+    PYTHONPATH=. python experiments/predictor_ensemble.py OUT RUN RUN [RUN ...]
     swm eval OUT
 
 The RUNs share one encoder (trained with ``swm train --init-from RUN0 --freeze encoder`` from

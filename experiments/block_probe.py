@@ -1,6 +1,8 @@
-"""How plainly does a Push-T run's latent hold the block? Probes of the recorded state.
+"""Reproduces docs/reports/pusht.md, table 'What limits it', row 'what the latent holds'.
 
-    PYTHONPATH=. python benchmarks/block_probe.py RUN [RUN ...] [--every 4]
+How plainly does a Push-T run's latent hold the block? Probes of the recorded state.
+
+    PYTHONPATH=. python experiments/block_probe.py RUN [RUN ...] [--every 4]
 
 Encodes every ``--every``-th frame of the run's dataset with the run's encoder (the image part
 of the latent only: the agent's state, where the model takes it, left out) and reads the

@@ -1,7 +1,9 @@
-"""Does the data's policy push the block? swm's Push-T pusher (``--policy expert``) against
+"""Reproduces docs/reports/pusht.md, table 'The data', rows 'the pusher' and 'random actions'.
+
+Does the data's policy push the block? swm's Push-T pusher (``--policy expert``) against
 random actions on gym-pusht, on the same seeds.
 
-    PYTHONPATH=. python benchmarks/pusht_policies.py [--episodes 20] [--steps 100]
+    PYTHONPATH=. python experiments/pusht_policies.py [--episodes 20] [--steps 100]
 
 Per policy: the share of episodes in which the block moves (its path longer than 10 px), its mean
 path per episode, its mean displacement over 25 steps (the dataset protocol's goal offset: how far

@@ -1,8 +1,9 @@
-"""swm's predictor on gym-pusht's recorded states, planned from the exact state: what is left of
-Push-T for a world model whose encoder reads the state perfectly (docs/bring-your-env.md, "The
-recorded state as a training target").
+"""Reproduces docs/reports/pusht.md, table 'Planning from the recorded state'.
 
-    PYTHONPATH=. python benchmarks/pusht_state_dynamics.py RUN [--data DATA] [--steps 6000]
+swm's predictor on gym-pusht's recorded states, planned from the exact state: what is left of
+Push-T for a world model whose encoder reads the state perfectly.
+
+    PYTHONPATH=. python experiments/pusht_state_dynamics.py RUN [--data DATA] [--steps 6000]
         [--predictor transformer|block-frame] [--planner-rounds 0] [--planner-episodes 600]
         [--reader-steps 0] [--set KEY=VALUE ...]
 
@@ -25,8 +26,7 @@ between this and the physics ceiling (``pusht_oracle.py``) is the learned dynami
 ``--reader-steps N``, pixels after all: a CNN (``pusht_reader.py``) trained N steps to read the
 T's pose from the training episodes' frames, and the planner starts from the T it reads from the
 frame the env draws and aims at the T it reads from the goal image, the agent's position and
-velocity its observation's (docs/bring-your-env.md, "The T read from the frames by a CNN of its
-own"). Needs gym-pusht.
+velocity its observation's. Needs gym-pusht.
 """
 
 from __future__ import annotations

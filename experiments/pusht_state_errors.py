@@ -1,7 +1,8 @@
-"""The held-out errors of a ``pusht-state-64`` run (docs/bring-your-env.md, "A preset that plans
-from the T it reads").
+"""Reproduces docs/reports/pusht.md, table 'The noisier pushes', its held-out errors.
 
-    PYTHONPATH=. python benchmarks/pusht_state_errors.py RUN
+The held-out errors of a ``pusht-state-64`` run.
+
+    PYTHONPATH=. python experiments/pusht_state_errors.py RUN
 
 Prints, on the run's held-out episodes (the last ``eval.heldout_episodes`` of its data): the mean
 error of the T's position (px) and angle (degrees) its reader reads from every frame, then the

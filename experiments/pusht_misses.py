@@ -1,7 +1,9 @@
-"""Where a Push-T run's misses lie: ``swm eval`` on the dataset protocol, with the closest
+"""Reproduces docs/reports/pusht.md, table 'What limits it', row 'the pushes'.
+
+Where a Push-T run's misses lie: ``swm eval`` on the dataset protocol, with the closest
 approach to each goal recorded, split by what the goal asks.
 
-    PYTHONPATH=. python benchmarks/pusht_misses.py RUN [--set KEY=VALUE ...]
+    PYTHONPATH=. python experiments/pusht_misses.py RUN [--set KEY=VALUE ...]
 
 Plays ``swm eval RUN`` (its settings, or the ``--set`` given) with gym-pusht's success check
 wrapped to record, at every env step, the agent's and the block's distance to the goal state

@@ -1,8 +1,10 @@
-"""The model or the search? For each start row of ``swm eval``'s dataset protocol, the model's
+"""Reproduces docs/reports/pusht.md, table 'What limits it', row 'the model or the cost'.
+
+The model or the search? For each start row of ``swm eval``'s dataset protocol, the model's
 cost of the recorded actions that led from the start to the goal, beside the cost of the first
 plan the run's planner finds from the same start.
 
-    PYTHONPATH=. python benchmarks/plan_or_model.py RUN [--set KEY=VALUE ...]
+    PYTHONPATH=. python experiments/plan_or_model.py RUN [--set KEY=VALUE ...]
 
 The recorded actions reach the goal (it is the state ``goal_offset`` steps on in the same
 episode; the comparison needs the horizon in env steps to be the goal offset, as in pusht-64).

@@ -1,6 +1,7 @@
-"""A CNN that reads gym-pusht's T from a frame: its position and angle, trained on the recorded
-state (``pusht_state_dynamics.py --reader-steps``; docs/bring-your-env.md, "The T read from the
-frames by a CNN of its own").
+"""Reproduces docs/reports/pusht.md, table 'What limits it', row 'a CNN reads the T' (its reader).
+
+A CNN that reads gym-pusht's T from a frame: its position and angle, trained on the recorded
+state (``pusht_state_dynamics.py --reader-steps``).
 
 The agent's position and velocity come with every observation (``proprio``); the T's pose is
 what only the pixels show. The reader is the Push-T state model's (``swmcli.zoo.pusht_state``:
