@@ -4,14 +4,14 @@ swm's predictor on gym-pusht's recorded states, planned from the exact state: wh
 Push-T for a world model whose encoder reads the state perfectly.
 
     PYTHONPATH=. python experiments/pusht_state_dynamics.py RUN [--data DATA] [--steps 6000]
-        [--predictor transformer|block-frame] [--planner-rounds 0] [--planner-episodes 600]
+        [--predictor transformer|t-frame] [--planner-rounds 0] [--planner-episodes 600]
         [--reader-steps 0] [--set KEY=VALUE ...]
 
 Trains a predictor on DATA's training episodes (default: RUN's data), its "latents" the recorded
 ``state`` in the success criterion's units (20 px, the angle's cosine and sine over pi/9;
 ``models.state.StateFeatures``), then the agent's velocity from ``proprio``; clips of 6
 observations ``data.frameskip`` env steps apart, with the one-step and the five-block loss. The
-predictor is swm's (``transformer``, RUN's size) or ``block-frame`` (the Push-T state model's,
+predictor is swm's (``transformer``, RUN's size) or ``t-frame`` (the Push-T state model's,
 ``swmcli.zoo.pusht_state``): a Markov MLP that sees the agent, its velocity and the action's
 targets in the T's frame and moves the T there (pushing is the same anywhere in the arena and at
 any angle; the transformer must learn that from data). Prints its held-out errors in pixels and
@@ -56,7 +56,7 @@ from swmcli.zoo.pusht_state import (
     ANGLE_UNIT,
     POSITION_UNIT,
     VELOCITY_UNIT,
-    BlockFrameDynamics,
+    TFrameDynamics,
 )
 
 CLIP = 6  # observations: five blocks, the planning horizon
@@ -87,8 +87,8 @@ class StateDynamics(nn.Module):
         return self.predictor(latents, actions)
 
 
-class StandardizedBlockFrame(nn.Module):
-    """The Push-T state model's block-frame predictor (``pusht_state.BlockFrameDynamics``: a
+class StandardizedTFrame(nn.Module):
+    """The Push-T state model's t-frame predictor (``pusht_state.TFrameDynamics``: a
     Markov MLP that sees the agent, its velocity and the block's targets in the T's own frame),
     with ``StateDynamics``' ``standardized``."""
 
@@ -98,7 +98,7 @@ class StandardizedBlockFrame(nn.Module):
 
     def __init__(self, frameskip: int, mean, std):
         super().__init__()
-        self.dynamics = BlockFrameDynamics(frameskip)
+        self.dynamics = TFrameDynamics(frameskip)
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
 
@@ -247,8 +247,8 @@ def fit(kind: str, cfg, units, data, held, steps: int, console: Console):
     latents, blocks = data
     flat = latents.reshape(-1, latents.shape[-1])
     mean, std = flat.mean(0), flat.std(0)
-    if kind == "block-frame":
-        model = StandardizedBlockFrame(cfg.data.frameskip, mean, std)
+    if kind == "t-frame":
+        model = StandardizedTFrame(cfg.data.frameskip, mean, std)
     else:
         model = StateDynamics(cfg, flat.shape[1], blocks.shape[-1], mean, std)
     console.print(f"{len(latents):,} clips of {CLIP} states; {steps:,} steps of {model.batch}")
@@ -264,7 +264,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, help="episodes to train on (default: RUN's data)")
     parser.add_argument("--steps", type=int, default=6000)
     parser.add_argument(
-        "--predictor", choices=["transformer", "block-frame"], default="transformer"
+        "--predictor", choices=["transformer", "t-frame"], default="transformer"
     )
     parser.add_argument(
         "--planner-rounds", type=int, default=0, help="rounds of the planner's plays as data"

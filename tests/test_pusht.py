@@ -263,10 +263,10 @@ def test_the_state_dynamics_benchmark_trains_on_states_and_plays_the_protocol(pu
     assert "eval.seed 1000: " in done.stdout and "eval.seed 2000: " in done.stdout
 
 
-def test_the_block_frame_predictor_trains_again_on_its_planners_plays(pusht_run):
+def test_the_t_frame_predictor_trains_again_on_its_planners_plays(pusht_run):
     done = run_script(
         "experiments/pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--predictor",
-        "block-frame", "--planner-rounds", "1", "--planner-episodes", "2", "--set",
+        "t-frame", "--planner-rounds", "1", "--planner-episodes", "2", "--set",
         "eval.step_budget=30",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
@@ -274,18 +274,18 @@ def test_the_block_frame_predictor_trains_again_on_its_planners_plays(pusht_run)
     first, second = (int(size.replace(",", "")) for size in sizes)
     assert "round 1: 2 plays of the planner" in done.stdout
     assert second == first + 2 * 5  # a 30-step budget: 5 clips of five 5-step blocks a play
-    assert "the block-frame predictor on the recorded states" in done.stdout
+    assert "the t-frame predictor on the recorded states" in done.stdout
 
 
 def test_the_state_benchmark_plans_from_the_t_its_reader_reads(pusht_run):
     done = run_script(
         "experiments/pusht_state_dynamics.py", str(pusht_run), "--steps", "2", "--predictor",
-        "block-frame", "--reader-steps", "2",
+        "t-frame", "--reader-steps", "2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"the reader: [\d,]+ frames; 2 steps of 128", done.stdout)
     assert re.search(r"the reader, held-out frames: T [\d.]+ px, angle [\d.]+ degrees", done.stdout)
-    assert "the block-frame predictor on the T read from the frames" in done.stdout
+    assert "the t-frame predictor on the T read from the frames" in done.stdout
 
 
 def test_the_planner_plans_from_the_pose_the_reader_reads_not_the_envs(pusht_run, monkeypatch):
@@ -318,7 +318,7 @@ def test_the_planner_plans_from_the_pose_the_reader_reads_not_the_envs(pusht_run
         return real_cem(model, latent, goal, *args)
 
     monkeypatch.setattr(bench.planners, "cem", spy)
-    model = bench.StandardizedBlockFrame(5, torch.zeros(8), torch.ones(8))
+    model = bench.StandardizedTFrame(5, torch.zeros(8), torch.ones(8))
     settings = planners.planner_settings(cfg.eval, 2)
     starts = []
 

@@ -19,7 +19,7 @@ from swmcli.zoo.pusht_state import (
     ARENA,
     POSITION_UNIT,
     VELOCITY_UNIT,
-    BlockFrameDynamics,
+    TFrameDynamics,
     build,
     state_latent,
 )
@@ -52,7 +52,7 @@ def test_the_predictor_pushes_alike_wherever_the_t_lies_and_however_it_is_turned
     agent and the actions in the T's own frame), whatever its weights; actions as targets
     across the arena (gym-pusht) or as moves from the agent (stable-worldmodel's Push-T)."""
     torch.manual_seed(0)
-    dynamics = BlockFrameDynamics(FRAMESKIP, action_scale=action_scale)
+    dynamics = TFrameDynamics(FRAMESKIP, action_scale=action_scale)
     count = 16
     state = torch.cat([torch.rand(count, 4) * 300 + 100, torch.rand(count, 1) * 6], 1)
     proprio = torch.cat([state[:, 0:2], torch.randn(count, 2) * 100], 1)

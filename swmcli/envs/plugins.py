@@ -74,7 +74,7 @@ def _is_stable_worldmodel_pusht(unwrapped) -> bool:
 
 def _weak_policy(env, seed: int, noise: float):
     """stable-worldmodel's own Push-T collection policy (its ``WeakPolicy``: random targets
-    kept within 100 pixels of the block), given the vectorized env it expects."""
+    kept within 100 pixels of the T), given the vectorized env it expects."""
     from types import SimpleNamespace
 
     from stable_worldmodel.envs.pusht import WeakPolicy

@@ -5,18 +5,18 @@ What the plugin adds to the env (see ``plugins``):
 - ``frame``: the env's observation image, without the marker ``render()`` draws at the last
   action's target (which would show the model the action it is asked to predict from).
 - ``restore``: the recorded ``[agent_x, agent_y, block_x, block_y, block_angle]`` set back
-  through the env's own bodies. gym-pusht's ``reset_to_state`` sets the block's position before
-  its angle, and pymunk turns a body about its centre of gravity, so the block would land
+  through the env's own bodies. gym-pusht's ``reset_to_state`` sets the T's position before
+  its angle, and pymunk turns a body about its centre of gravity, so the T would land
   elsewhere than recorded (its own docstring warns of it): the angle is set first here.
-- ``reached``: stable-worldmodel's Push-T success, applied to gym-pusht's state: agent and block
-  positions within 20 (one norm over the four coordinates) and the block's angle within pi/9 of
+- ``reached``: stable-worldmodel's Push-T success, applied to gym-pusht's state: agent and T
+  positions within 20 (one norm over the four coordinates) and the T's angle within pi/9 of
   the goal state. gym-pusht's own ``terminated`` is about its fixed green target, not a goal
   state.
 - ``proprio``: the agent's own state, position and velocity ``[x, y, vx, vy]`` (what
   stable-worldmodel's ``swm/PushT-v1`` observes as ``proprio``), recorded beside ``state``; a
   model trained with ``model.proprio`` takes it as input and plans with it in its cost.
-- ``pusher`` (``--policy expert``): a scripted policy that pushes the block: it picks a
-  direction, goes round to the block's far side, pushes through it for a while, then picks
+- ``pusher`` (``--policy expert``): a scripted policy that pushes the T: it picks a
+  direction, goes round to the T's far side, pushes through it for a while, then picks
   another, with Gaussian noise on its targets, each at most ``MAX_MOVE`` from the agent.
 
 Positions are pixels of gym-pusht's 512 x 512 arena; its actions (absolute agent targets in
@@ -51,7 +51,7 @@ def proprio(pusht) -> np.ndarray:
 
 
 def restore(env, state: np.ndarray, goal_state: np.ndarray, seed: int):
-    """Reset ``env`` with ``seed``, then put the agent and the block where ``state`` says."""
+    """Reset ``env`` with ``seed``, then put the agent and the T where ``state`` says."""
     env.reset(seed=seed)
     pusht = env.unwrapped
     state = np.asarray(state, np.float64)
@@ -66,14 +66,14 @@ def restore(env, state: np.ndarray, goal_state: np.ndarray, seed: int):
 
 
 def reached(env, terminated: bool, info: dict, goal_state: np.ndarray) -> bool:
-    """Whether agent and block are at ``goal_state`` (stable-worldmodel's Push-T criterion)."""
+    """Whether the agent and the T are at ``goal_state`` (stable-worldmodel's Push-T criterion)."""
     agent, block, angle = goal_distances(env.unwrapped.get_obs(), goal_state)
     return bool(np.hypot(agent, block) < SUCCESS_DISTANCE and angle < SUCCESS_ANGLE)
 
 
 def goal_distances(state: np.ndarray, goal_state: np.ndarray) -> tuple[float, float, float]:
-    """The agent's and the block's distance to their goal positions (arena pixels; the success
-    distance is their joint norm) and the block's angle to its goal angle (radians, at most pi).
+    """The agent's and the T's distance to their goal positions (arena pixels; the success
+    distance is their joint norm) and the T's angle to its goal angle (radians, at most pi).
     """
     state, goal = np.asarray(state, np.float64), np.asarray(goal_state, np.float64)
     angle = abs(float(state[4]) - float(goal[4])) % (2 * np.pi)
@@ -85,7 +85,7 @@ def goal_distances(state: np.ndarray, goal_state: np.ndarray) -> tuple[float, fl
 
 
 def goal_asks(state: np.ndarray, goal_state: np.ndarray) -> str:
-    """What a goal asks from ``state``: "agent alone" (the block already within the success
+    """What a goal asks from ``state``: "agent alone" (the T already within the success
     distance and angle of its goal pose) or "block must move"."""
     _, block, angle = goal_distances(state, goal_state)
     at_goal = block < SUCCESS_DISTANCE and angle < SUCCESS_ANGLE
@@ -135,7 +135,7 @@ def pusher(env, seed: int, noise: float = 0.3):
 
 def _around(agent: np.ndarray, centre: np.ndarray, line_up: np.ndarray) -> np.ndarray:
     """The next target on the way to ``line_up`` that keeps clear of the block: straight there
-    when the block is not in between, else sideways round it."""
+    when the T is not in between, else sideways round it."""
     to_goal = line_up - agent
     to_block = centre - agent
     along = float(np.dot(to_block, to_goal)) / max(float(np.dot(to_goal, to_goal)), 1e-9)

@@ -79,7 +79,7 @@ class CNNDecoder(nn.Module):
     """The CNN encoder mirrored: a latent -> a normalized frame ``(N, 3, H, W)``.
 
     What ``model.reconstruction_weight`` trains the latent with: to draw the frame back, the
-    latent must hold everything in it, the pushed block's pose as much as the agent. Each stage
+    latent must hold everything in it, the pushed T's pose as much as the agent. Each stage
     doubles the side with a stride-2 transposed convolution (the last one draws the 3 colours
     directly: no full-resolution stage, the costliest).
     """

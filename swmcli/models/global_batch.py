@@ -34,7 +34,7 @@ _simulated_ranks = 1  # see simulated_ranks
 
 @contextmanager
 def simulated_ranks(count: int) -> Iterator[None]:
-    """Within the block, without a process group, ``gather_rows`` returns ``count`` copies of
+    """Inside the `with`, without a process group, ``gather_rows`` returns ``count`` copies of
     the rows: what one rank of ``count`` holds, for predicting its memory on fake tensors."""
     global _simulated_ranks
     previous, _simulated_ranks = _simulated_ranks, count

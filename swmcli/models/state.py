@@ -1,7 +1,7 @@
 """The env's recorded state as swm's model reads it from a frame (``model.state_weight``).
 
 The JEPA loss pays the encoder to keep what it can predict: on Push-T the agent, which follows
-the action, and hardly the block, which turns only when pushed (docs/reports/pusht.md). With
+the action, and hardly the T, which turns only when pushed (docs/reports/pusht.md). With
 ``model.state_weight`` the first values of each frame's latent are the state itself, trained
 against the data's ``state`` key: each value over its unit (``model.state_units``), each angle
 (``model.state_angles``) as its cosine and sine over its unit, so a turn of 2 pi is no distance

@@ -6,7 +6,7 @@ A latent is gym-pusht's state as the success criterion weighs it: ``[agent x, y,
 px``, the T's angle as ``[cos, sin] / (pi/9)``, then the agent's velocity over 400 px/s, which
 the planner does not count (``proprio_dims`` 2, ``eval.proprio_weight`` 0). The agent's position
 and velocity are the observation's ``proprio``; the T's pose is what only the pixels show, and
-``PoseReader`` reads it. ``BlockFrameDynamics`` predicts one action block on: an MLP that sees
+``PoseReader`` reads it. ``TFrameDynamics`` predicts one action block on: an MLP that sees
 the agent, its velocity and the action block's targets turned into the T's frame (pushing is the
 same wherever the T lies and however it is turned), its output turned back into the arena.
 
@@ -105,7 +105,7 @@ def turn(points: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
     return torch.stack([cos * x - sin * y, sin * x + cos * y], dim=-1)
 
 
-class BlockFrameDynamics(nn.Module):
+class TFrameDynamics(nn.Module):
     """A Markov predictor in the T's frame: from one latent (``state_latent``) and its action
     block ``(..., frameskip * 2)``, an MLP sees the agent (relative to the T), its velocity and
     the action block's targets, all turned into the T's frame, and gives the agent's next
@@ -178,7 +178,7 @@ class PushTStateModel(nn.Module):
                  reader_batch: int, arena: float, action_scale: float):  # fmt: skip
         super().__init__()
         self.reader = PoseReader(resolution, width, arena)
-        self.dynamics = BlockFrameDynamics(frameskip, hidden, arena, action_scale)
+        self.dynamics = TFrameDynamics(frameskip, hidden, arena, action_scale)
         self.reader_batch = reader_batch
 
     def encode(self, pixels: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
@@ -232,7 +232,7 @@ def build(
     """The factory (``model.factory = "swmcli.zoo.pusht_state:build"``): a reader of
     ``width`` channels, a predictor MLP of ``hidden`` units, the reader trained on
     ``reader_batch`` frames a step; actions are targets, or moves of ``action_scale`` px a unit
-    (``BlockFrameDynamics``). The data must be laid out as gym-pusht's (its sizes checked;
+    (``TFrameDynamics``). The data must be laid out as gym-pusht's (its sizes checked;
     stable-worldmodel's ``swm/PushT-v1`` appends the agent's velocity to the state)."""
     sizes = {"action_dim": (action_dim, (ACTION_DIM,)), "proprio": (proprio_dim, (4,)),
              "state": (state_size, (5, 7))}  # fmt: skip
