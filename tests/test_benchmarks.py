@@ -1,5 +1,7 @@
-"""The benchmarks the docs quote still run, at a toy size (their figures are in docs/)."""
+"""The benchmarks the docs quote still run, at a toy size (their figures are in
+docs/reports/performance.md)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -9,10 +11,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH_DIR = ROOT.parent / "shared" / "bench"
-needs_synth = pytest.mark.skipif(
-    not (BENCH_DIR / "synth.py").is_file(), reason=f"no shared episodes at {BENCH_DIR}"
-)
+LOADER_TOY = ("--episodes", "12", "--length", "40", "--resolution", "32", "--batches", "3")
 
 
 def _run(script: str, *args: str) -> str:
@@ -25,23 +24,49 @@ def _run(script: str, *args: str) -> str:
     return done.stdout
 
 
-@needs_synth
+def test_synthetic_episodes_are_a_function_of_the_seed_alone():
+    """benchmarks/synth.py: both sides of a comparison write the very same bytes."""
+    spec = importlib.util.spec_from_file_location("synth", ROOT / "benchmarks" / "synth.py")
+    synth = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(synth)
+    first, again, other = (synth.make_episode(seed, length=20, res=32) for seed in (3, 3, 4))
+    assert all(np.array_equal(first[k], again[k], equal_nan=True) for k in first)
+    assert not np.array_equal(first["pixels"], other["pixels"])
+    assert first["pixels"].shape == (20, 32, 32, 3) and first["pixels"].dtype == np.uint8
+    assert np.isnan(first["action"][-1]).all() and not np.isnan(first["action"][:-1]).any()
+
+
 def test_loader_benchmark_runs_every_row(tmp_path):
-    out = _run(
-        "loader.py", "--episodes", "12", "--length", "40", "--resolution", "32", "--batches", "3",
-        "--repeats", "1", "--dir", str(tmp_path), "--bench-dir", str(BENCH_DIR),
-    )  # fmt: skip
+    out = _run("loader.py", *LOADER_TOY, "--repeats", "1", "--dir", str(tmp_path))
     for row in ("lance ", "hdf5 ", "lance, processes", "hdf5, processes", "buffer"):
         assert row in out
     assert "first batches identical across every row: True" in out
 
 
-@needs_synth
+def test_loader_benchmarks_upstream_row_runs_stable_worldmodels_own_loader(tmp_path):
+    """The upstream row: benchmarks/upstream_loader_bench.py in the interpreter of a venv that
+    holds stable-worldmodel (SWM_UPSTREAM_PYTHON), writing and reading the same episodes."""
+    python = os.environ.get("SWM_UPSTREAM_PYTHON")
+    if python is None and importlib.util.find_spec("stable_worldmodel") is not None:
+        python = sys.executable
+    if python is None:
+        pytest.skip("stable-worldmodel is not importable: set SWM_UPSTREAM_PYTHON to a venv's "
+                    "python that has stable-worldmodel==0.1.1")  # fmt: skip
+    out = _run(
+        "loader.py", *LOADER_TOY, "--repeats", "1", "--dir", str(tmp_path),
+        "--upstream-python", python,
+    )  # fmt: skip
+    assert "upstream benchmark failed" not in out
+    upstream = next(line for line in out.splitlines() if line.startswith("upstream lance"))
+    assert float(upstream.split()[2]) > 0  # its clips/s
+    assert "first batches identical across every row: True" in out
+
+
 def test_object_store_benchmark_runs_against_moto():
     pytest.importorskip("moto")
     out = _run(
         "object_store.py", "--steps", "480", "--episode-len", "40", "--resolution", "32",
-        "--batches", "3", "--bench-dir", str(BENCH_DIR),
+        "--batches", "3",
     )  # fmt: skip
     assert "first batches identical: True" in out
 
@@ -62,8 +87,8 @@ def test_collect_workers_benchmark_runs_one_and_two_processes():
 
 
 def test_overhead_benchmark_runs_swm_the_bare_loop_and_the_ceiling(tmp_path):
-    """benchmarks/overhead.py at a toy size: its figures are docs/benchmarks.md's, not checked
-    here; that it runs, and that the bare loop's losses equal swm's, is."""
+    """benchmarks/overhead.py at a toy size: its figures are the performance report's, not
+    checked here; that it runs, and that the bare loop's losses equal swm's, is."""
     out = _run(
         "overhead.py", "--episodes", "8", "--steps", "3", "--rounds", "1", "--paths", "memory",
         "--dir", str(tmp_path),
