@@ -124,4 +124,3 @@ def make_episode(seed: int, length: int = 100, res: int = 224) -> dict:
 def episode_nbytes(length: int = 100, res: int = 224) -> int:
     """Raw bytes of one episode from :func:`make_episode` (uint8 pixels, f32, bools)."""
     return length * (res * res * 3 + 2 * 4 + 4 + 1 + 1)
-

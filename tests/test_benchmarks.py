@@ -71,6 +71,38 @@ def test_object_store_benchmark_runs_against_moto():
     assert "first batches identical: True" in out
 
 
+def test_import_speed_benchmark_streams_stable_worldmodels_layout_direct_and_converted():
+    """benchmarks/import_speed.py without upstream's venv: the episodes in upstream's Lance
+    layout by swm's export, read as they are and after `swm convert`."""
+    out = _run("import_speed.py", *LOADER_TOY, "--repeats", "1")
+    assert "swm, direct" in out and "swm, converted" in out and "swm convert:" in out
+
+
+def test_buffer_benchmark_prints_every_row_against_its_numpy_baseline():
+    out = _run("buffer.py", "--resolutions", "32", "--max-steps", "2000")
+    for row in ("add (ring full, evicting)", "add_episode", "sample(64, out=)", "naive"):
+        assert row in out
+    assert "32x32 sample(64):" in out
+
+
+def test_cli_startup_benchmark_times_swm_help_against_its_floor_and_torch():
+    out = _run("cli_startup.py", "--repeats", "1")
+    for row in ("python -c pass", "swm --help", "swm collect --help", "import torch'"):
+        assert row in out
+    assert "swm --help / import torch:" in out
+
+
+def test_env_benchmark_prints_step_rates_and_the_policies_success():
+    out = _run("env.py", "--steps", "50", "--episodes", "2")
+    assert "TwoRoom 64x64:" in out and "TwoRoom 224x224:" in out and "frame copy" in out
+    assert "expert policy: success" in out and "random policy: success" in out
+
+
+def test_disk_peak_benchmark_reports_the_peak_over_the_final_size():
+    out = _run("disk_peak.py", "3")
+    assert "episodes 3: peak" in out and "ratio" in out
+
+
 def test_tracking_benchmark_reports_the_same_peak_tracked_on_the_first_steps():
     out = _run("tracking.py", "--steps", "3", "--rounds", "1", "--batch-size", "2")
     for row in ("untracked", "every step tracked", "first steps tracked"):
