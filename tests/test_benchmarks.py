@@ -43,18 +43,14 @@ def test_loader_benchmark_runs_every_row(tmp_path):
     assert "first batches identical across every row: True" in out
 
 
-def test_loader_benchmarks_upstream_row_runs_stable_worldmodels_own_loader(tmp_path):
+def test_loader_benchmarks_upstream_row_runs_stable_worldmodels_own_loader(
+    tmp_path, upstream_python
+):
     """The upstream row: benchmarks/upstream_loader_bench.py in the interpreter of a venv that
     holds stable-worldmodel (SWM_UPSTREAM_PYTHON), writing and reading the same episodes."""
-    python = os.environ.get("SWM_UPSTREAM_PYTHON")
-    if python is None and importlib.util.find_spec("stable_worldmodel") is not None:
-        python = sys.executable
-    if python is None:
-        pytest.skip("stable-worldmodel is not importable: set SWM_UPSTREAM_PYTHON to a venv's "
-                    "python that has stable-worldmodel==0.1.1")  # fmt: skip
     out = _run(
         "loader.py", *LOADER_TOY, "--repeats", "1", "--dir", str(tmp_path),
-        "--upstream-python", python,
+        "--upstream-python", upstream_python,
     )  # fmt: skip
     assert "upstream benchmark failed" not in out
     upstream = next(line for line in out.splitlines() if line.startswith("upstream lance"))
