@@ -1,6 +1,7 @@
 """ReplayBuffer add and sample speed, side by side with plain numpy copies of the same bytes.
 
     python3 benchmarks/buffer.py            # 64x64 and 224x224, history 4, frameskip 2, batch 64
+    python3 benchmarks/buffer.py --resolutions 32 --max-steps 2000   # a smoke run
 
 Each row measures the buffer and a baseline in the same run and prints their ratio:
 
@@ -13,10 +14,12 @@ Each row measures the buffer and a baseline in the same run and prints their rat
   preallocated array (neither allocates); and a naive gather (a fancy index per clip, then
   ``np.stack``) against ``ndarray.copy()``.
 
-Timings are medians over repeats, after one warm-up call. Keep the buffer within ~3 GB: other
-engineers share this machine.
+Timings are medians over repeats, after one warm-up call. The buffer holds ``--max-steps`` steps
+(20,000: 3.0 GB at 224x224), fewer where the host cannot spare twice that.
 """
 
+import argparse
+import os
 import statistics
 import sys
 import time
@@ -200,6 +203,10 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--resolutions", type=int, nargs="+", default=[64, 224])
+    parser.add_argument("--max-steps", type=int, default=20_000, help="the buffer's capacity")
+    args = parser.parse_args()
     available = available_host_bytes()
     table = Table(
         title=f"ReplayBuffer, history {HISTORY_LEN}, frameskip {FRAMESKIP}, batch {BATCH}"
@@ -209,10 +216,10 @@ def main() -> None:
             column, justify="left" if column in ("measure", "baseline is") else "right"
         )
     headline = {}
-    for res in (64, 224):
+    for res in args.resolutions:
         row_bytes = res * res * 3 + 4 * ACTION_DIM + 4 + 2 + 16
-        # 20,000 steps (3.0 GB at 224x224), fewer if the host cannot spare it twice over.
-        max_steps = min(20_000, int(available / 2 / row_bytes) // EPISODE_LEN * EPISODE_LEN)
+        fits = int(available / 2 / row_bytes)
+        max_steps = min(args.max_steps, fits) // EPISODE_LEN * EPISODE_LEN
         for measure, swm, base, unit, name in bench_resolution(res, max_steps):
             table.add_row(
                 f"{res}x{res}", measure, number(swm), number(base), unit, name, f"{swm / base:.2f}"
@@ -221,12 +228,14 @@ def main() -> None:
         table.add_section()
     console = Console(width=120)
     console.print(table)
-    swm, base = headline[224, "sample(64)", "GB/s"]
+    res = args.resolutions[-1]
+    swm, base = headline[res, "sample(64)", "GB/s"]
+    adding = headline[res, "add (ring full, evicting)", "steps/s"][0]
     console.print(
-        f"224x224 sample(64): {swm / base:.0%} of a numpy copy of the same bytes (target >= 60%); "
-        f"add with the ring full: {headline[224, 'add (ring full, evicting)', 'steps/s'][0]:,.0f} "
-        f"steps/s (target >= 39,000). Buffer: {max_steps:,} steps; RAM available "
-        f"{available / 1e9:.1f} GB."
+        f"{res}x{res} sample(64): {swm / base:.0%} of a numpy copy of the same bytes (target >= "
+        f"60% at 224x224); add with the ring full: {adding:,.0f} steps/s (target >= 39,000 at "
+        f"224x224). Buffer: {max_steps:,} steps; RAM available {available / 1e9:.1f} GB; load "
+        f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs."
     )
 
 

@@ -1,6 +1,6 @@
 """Collection steps/s with worker processes (``collect.workers``) against one process, same run.
 
-    PYTHONPATH=. python benchmarks/collect_workers.py [--env ID] [--episodes 16] [--workers 1 2]
+    python benchmarks/collect_workers.py [--env ID] [--episodes 16] [--workers 1 2]
 
 Each row collects the same episodes (same seeds, the same dataset) into a fresh Lance dataset and
 reports env steps per second as ``swm collect`` measures them (worker start-up included), and the
@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swmcli.commands.collect import run_collect
 from swmcli.config import resolve_config

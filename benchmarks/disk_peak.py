@@ -6,7 +6,9 @@ Polls the dataset's bytes every 0.1 s while `swm collect --preset tiny` appends 
 (default 300) into a temporary directory, then prints the peak, the final size and their ratio.
 """
 
+import argparse
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,7 +26,9 @@ def size_on_disk(path: Path) -> int:
 
 
 def main() -> None:
-    episodes = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("episodes", type=int, nargs="?", default=300, help="episodes to collect")
+    episodes = parser.parse_args().episodes
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "peak.lance"
         command = [sys.executable, "-m", "swmcli", "collect", "--preset", "tiny"]
@@ -41,7 +45,7 @@ def main() -> None:
         versions = len(list((out / "_versions").iterdir()))
     print(
         f"episodes {episodes}: peak {peak:,} B, final {final:,} B, ratio {peak / final:.2f}x, "
-        f"{versions} versions kept"
+        f"{versions} versions kept; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
 
 

@@ -1,6 +1,6 @@
 """TwoRoom throughput (env.step + render) and the scripted policies' success rates.
 
-    PYTHONPATH=. python3 benchmarks/env.py [--steps 5000] [--episodes 50]
+    python3 benchmarks/env.py [--steps 5000] [--episodes 50]
 
 The baseline, measured in the same run, is a bare copy of one frame per step: the least any
 renderer has to do. The ratio says how close step + render gets to that floor; the targets (well
@@ -10,9 +10,13 @@ over 5,000 steps/s at 64x64 and 1,500 at 224x224 on one core) are printed alongs
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from swmcli.envs.make import TWOROOM_ID, make_env
 from swmcli.envs.policies import make_policy

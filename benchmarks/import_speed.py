@@ -3,9 +3,9 @@ swm directly, and by swm after ``swm convert``, on the very same episodes, in on
 
     python benchmarks/import_speed.py --upstream-python UPVENV/bin/python --repeats 2
 
-The upstream row is ``../shared/bench/upstream_loader_bench.py`` run with the interpreter of a
+The upstream row is ``benchmarks/upstream_loader_bench.py`` run with the interpreter of a
 separate venv holding stable-worldmodel 0.1.1 (see ``benchmarks/loader.py``): it writes the
-``synth.py`` episodes with upstream's own writer (frames as JPEG q95) and times its own
+``benchmarks/synth.py`` episodes with upstream's own writer (frames as JPEG q95) and times its own
 ``load_dataset`` + DataLoader (history 4, frameskip 2, batch 64, 2 workers, cold cache). Then, on
 the dataset upstream wrote: swm's reader streams it as it is ("swm, direct": JPEG decoded per
 row), ``copy_dataset`` converts it into swm's Lance (timed, peak memory of the converting process
@@ -26,13 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loader import (  # benchmarks/loader.py: the same rows, the same settings
-    ROOT,
     drop_from_page_cache,
-    load_synth,
     median_and_range,
     run_upstream,
     stream_in_child,
 )
+from synth import make_episode
 
 from swmcli.data.formats import open_writer
 from swmcli.data.storage.location import nbytes_under
@@ -44,12 +43,11 @@ def write_upstream_layout(args, scratch: Path) -> Path:
     """The synth episodes in upstream's Lance layout, written by swm's export (no upstream)."""
     from swmcli.data.exports.layouts import export_dataset
 
-    make_episode = load_synth(args.bench_dir)
     native = scratch / "native.lance"
     with open_writer(native, mode="error", metadata={}) as writer:
         for index in range(args.episodes):
             writer.write_episode(make_episode(args.seed + index, args.length, args.resolution))
-    path = scratch / "upstream" / "lance" / "bench.lance"
+    path = scratch / "upstream" / "bench.lance"
     export_dataset(native, path)
     return path
 
@@ -96,7 +94,6 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40, help="batches timed per row")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over every swm row")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     parser.add_argument("--upstream-python", type=Path, default=None, help="upstream venv python")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
     args = parser.parse_args()
@@ -106,7 +103,7 @@ def main() -> None:
 
 def run(args, scratch: Path) -> None:
     upstream = run_upstream(args, scratch)
-    source = scratch / "upstream" / "lance" / "bench.lance"
+    source = scratch / "upstream" / "bench.lance"  # where run_upstream keeps it
     if not upstream:
         source, _ = in_child(lambda: write_upstream_layout(args, scratch))
     converted = scratch / "converted.lance"

@@ -4,8 +4,8 @@ loader (stable-worldmodel 0.1.1), on the very same episodes, in one run.
     python benchmarks/loader.py                                   # swm rows only
     python benchmarks/loader.py --upstream-python UPVENV/bin/python --repeats 3
 
-The episodes are ``make_episode(seed)`` from ``../shared/bench/synth.py`` (40 x 100 steps of
-224x224 frames that compress like a simple rendered scene); every row reads clips of history 4,
+The episodes are ``make_episode(seed)`` of ``benchmarks/synth.py`` (40 x 100 steps of 224x224
+frames that compress like a simple rendered scene); every row reads clips of history 4,
 frameskip 2, batch 64, with 2 readers: reader threads (``make_loader``'s default, the rows named by
 their format) or DataLoader worker processes (``data.worker_kind = "processes"``, the ", processes"
 rows); the buffer is read in-process, as ``make_loader`` does for it. The ", unchecked" rows read
@@ -15,9 +15,9 @@ warm-up batches, the time to the first batch from opening the dataset (workers' 
 bytes on disk per step. The dataset files are dropped from the page cache before every streamed
 row (cold).
 
-The upstream row runs ``../shared/bench/upstream_loader_bench.py`` (it writes the same episodes
-with upstream's own writer and times ``load_dataset`` + DataLoader with the same settings) with
-the interpreter given by ``--upstream-python``: a separate venv, never swm's, made with
+The upstream row runs ``benchmarks/upstream_loader_bench.py`` (it writes the same episodes with
+upstream's own writer and times ``load_dataset`` + DataLoader with the same settings) with the
+interpreter given by ``--upstream-python``: a separate venv, never swm's, made with
 
     python -m venv UPVENV && UPVENV/bin/pip install torch==2.13.0 \\
         && UPVENV/bin/pip install stable-worldmodel==0.1.1 opencv-python-headless imageio h5py
@@ -30,7 +30,6 @@ Last, "where the time goes": one batch read in this process, split by key and st
 """
 
 import argparse
-import importlib.util
 import json
 import multiprocessing
 import os
@@ -43,6 +42,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from synth import make_episode  # benchmarks/synth.py, beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,14 +56,6 @@ from swmcli.memory.measure import peak_rss_bytes  # noqa: E402
 from swmcli.units import format_bytes  # noqa: E402
 
 HISTORY_LEN, FRAMESKIP, BATCH, WORKERS, WARMUP = 4, 2, 64, 2, 2
-
-
-def load_synth(bench_dir: Path):
-    """``synth.make_episode`` from the shared benchmark folder (pure numpy, no project code)."""
-    spec = importlib.util.spec_from_file_location("synth", bench_dir / "synth.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_episode
 
 
 def drop_from_page_cache(path: Path) -> None:
@@ -80,7 +72,6 @@ def drop_from_page_cache(path: Path) -> None:
 
 def write_datasets(args, paths: dict[str, Path]) -> None:
     """Write the same episodes to every format (in a child: this process never opens Lance)."""
-    make_episode = load_synth(args.bench_dir)
     writers = {name: open_writer(path, mode="overwrite") for name, path in paths.items()}
     for index in range(args.episodes):
         episode = make_episode(args.seed + index, length=args.length, res=args.resolution)
@@ -92,7 +83,6 @@ def write_datasets(args, paths: dict[str, Path]) -> None:
 
 def fill_buffer(args) -> ReplayBuffer:
     """The same episodes in an in-RAM ReplayBuffer."""
-    make_episode = load_synth(args.bench_dir)
     steps = args.episodes * args.length
     buffer = ReplayBuffer(max_steps=steps, history_len=HISTORY_LEN, frameskip=FRAMESKIP)
     for index in range(args.episodes):
@@ -150,37 +140,23 @@ def run_upstream(args, scratch: Path) -> list[dict]:
     result = scratch / "upstream.json"
     command = [
         str(args.upstream_python),
-        str(args.bench_dir / "upstream_loader_bench.py"),
-        *("--formats", "lance", "--caches", "cold", "--repeats", str(args.repeats)),
+        str(Path(__file__).resolve().parent / "upstream_loader_bench.py"),
+        *("--repeats", str(args.repeats)),
         *("--episodes", str(args.episodes), "--length", str(args.length)),
         *("--res", str(args.resolution), "--batch", str(BATCH), "--workers", str(WORKERS)),
         *("--history-len", str(HISTORY_LEN), "--frameskip", str(FRAMESKIP)),
         *("--batches", str(args.batches), "--warmup", str(WARMUP), "--seed", str(args.seed)),
         *("--workdir", str(scratch / "upstream"), "--json", str(result)),
     ]
-    done = subprocess.run(command, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # its venv, not swm's
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0 or not result.is_file():
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         print(f"upstream benchmark failed (exit {done.returncode}): {' | '.join(tail)}")
         return []
     summary = json.loads(result.read_text())
-    entry = summary["load"]["lance"]["cold"]
-    loads = entry.get("runs", [entry])
-    failed = [r for r in loads if "clips_per_s" not in r]
-    if failed:
-        print(f"upstream load failed: {failed[0].get('stderr_tail', '')[-300:]}")
-    disk = summary["write"]["lance"]["disk_apparent_bytes"]
-    return [
-        {
-            "clips_per_s": r["clips_per_s"],
-            # upstream times load_dataset and the first batch apart; swm's row counts both
-            "first_batch_s": r["open_s"] + r["time_to_first_batch_s"],
-            "per_step": disk / (args.episodes * args.length),
-            "start_method": r["mp_start_method"],
-        }
-        for r in loads
-        if "clips_per_s" in r
-    ]
+    per_step = summary["write"]["disk_bytes"] / (args.episodes * args.length)
+    return [{**load, "per_step": per_step} for load in summary["loads"]]
 
 
 def median_and_range(values: list[float], digits: str) -> str:
@@ -199,12 +175,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40, help="batches timed per row")
     parser.add_argument("--repeats", type=int, default=2, help="rounds over every row")
     parser.add_argument("--seed", type=int, default=0, help="episode i uses seed + i")
-    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     parser.add_argument("--upstream-python", type=Path, default=None, help="upstream venv's python")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
     args = parser.parse_args()
-    if not (args.bench_dir / "synth.py").is_file():
-        parser.error(f"no synth.py in {args.bench_dir}: pass --bench-dir (../shared/bench)")
 
     scratch = Path(tempfile.mkdtemp(prefix="swm-loader-", dir=args.dir))
     try:

@@ -1,10 +1,9 @@
 """Streaming clips from a local Lance dataset vs the same dataset on S3-compatible object storage.
 
     python3 benchmarks/object_store.py                  # a moto server on loopback, started here
-    python3 benchmarks/object_store.py --bench-dir ../shared/bench   # where synth.py lives
     AWS_ENDPOINT_URL=... python3 benchmarks/object_store.py --uri s3://bucket/prefix  # your store
 
-Same episodes (``make_episode`` of ``../shared/bench/synth.py``, as benchmarks/loader.py), same
+Same episodes (``make_episode`` of ``benchmarks/synth.py``, as benchmarks/loader.py), same
 loader for both rows (``load_dataset`` + ``make_loader``: batch 64, 2 reader threads, history 4,
 frameskip 2). Prints clips/s after the warm-up batches, the time to the first batch, and the
 object store's rate as a fraction of the local one; checks the first batches are identical.
@@ -26,7 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from loader import BATCH, FRAMESKIP, HISTORY_LEN, ROOT, WORKERS, load_synth, stream
+from loader import BATCH, FRAMESKIP, HISTORY_LEN, WORKERS, stream
+from synth import make_episode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -69,7 +69,6 @@ def loopback_s3(bucket: str):
 
 def write_both(args, locations) -> None:
     """The same episodes to every location (run in a child: this process stays fork-safe)."""
-    make_episode = load_synth(args.bench_dir)
     writers = [open_writer(where, mode="overwrite") for where in locations]
     for index in range(args.steps // args.episode_len):
         episode = make_episode(index, args.episode_len, args.resolution)
@@ -118,10 +117,7 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=224)
     parser.add_argument("--batches", type=int, default=20, help="batches timed per row")
     parser.add_argument("--uri", default=None, help="s3://bucket/prefix (default: moto here)")
-    parser.add_argument("--bench-dir", type=Path, default=ROOT.parent / "shared" / "bench")
     args = parser.parse_args()
-    if not (args.bench_dir / "synth.py").is_file():
-        parser.error(f"no synth.py in {args.bench_dir}: pass --bench-dir (../shared/bench)")
     scratch = Path(tempfile.mkdtemp(prefix="swm-object-store-"))
     try:
         if args.uri:

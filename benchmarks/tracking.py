@@ -8,10 +8,10 @@ panel's "peak live tensors"), which makes every operator dearer. Rows, the same 
 one constant batch, interleaved round by round so that a busy machine loads them alike:
 
 - ``untracked``: the steady state, nothing counted (the ceiling);
-- ``every step tracked``: what `swm train` did before this benchmark's change;
-- ``first steps tracked``: what it does now (``MemoryMonitor.stop_tracking`` after the second
-  step of a phase: the first sees the weights and AdamW state only as it touches them), with the
-  peak it reports (equal to the every-step row's: the steps are alike).
+- ``every step tracked``: the dispatch mode on every step;
+- ``first steps tracked``: what `swm train` does (``MemoryMonitor.stop_tracking`` after the
+  second step of a phase: the first sees the weights and AdamW state only as it touches them),
+  with the peak it reports (equal to the every-step row's: the steps are alike).
 
 Each row gives its seconds per step and its ratio to the untracked row.
 """

@@ -1,4 +1,4 @@
-"""Run by test_checksums and benchmarks/damage_sweep.py: flip one byte of a copy of a dataset,
+"""Run by test_checksums and tests/damage_sweep.py: flip one byte of a copy of a dataset,
 then use it as swm would: ``swm info --verify`` (which opens it, checking its metadata and
 schema, and reads every row against its checksums) and a full read.
 

@@ -1,4 +1,4 @@
-"""Run by test_run_integrity and benchmarks/run_damage_sweep.py: flip one bit (bit ``offset % 8``,
+"""Run by test_run_integrity and tests/run_damage_sweep.py: flip one bit (bit ``offset % 8``,
 so text stays text as often as not) at each given offset of one file of a copy of a run
 directory, then read the run as eval and ``--resume`` do.
 

@@ -1,5 +1,7 @@
-"""The benchmarks the docs quote still run, at a toy size (their figures are in docs/)."""
+"""The benchmarks the docs quote still run, at a toy size (their figures are in
+docs/reports/performance.md)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -9,10 +11,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH_DIR = ROOT.parent / "shared" / "bench"
-needs_synth = pytest.mark.skipif(
-    not (BENCH_DIR / "synth.py").is_file(), reason=f"no shared episodes at {BENCH_DIR}"
-)
+LOADER_TOY = ("--episodes", "12", "--length", "40", "--resolution", "32", "--batches", "3")
 
 
 def _run(script: str, *args: str) -> str:
@@ -25,25 +24,79 @@ def _run(script: str, *args: str) -> str:
     return done.stdout
 
 
-@needs_synth
+def test_synthetic_episodes_are_a_function_of_the_seed_alone():
+    """benchmarks/synth.py: both sides of a comparison write the very same bytes."""
+    spec = importlib.util.spec_from_file_location("synth", ROOT / "benchmarks" / "synth.py")
+    synth = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(synth)
+    first, again, other = (synth.make_episode(seed, length=20, res=32) for seed in (3, 3, 4))
+    assert all(np.array_equal(first[k], again[k], equal_nan=True) for k in first)
+    assert not np.array_equal(first["pixels"], other["pixels"])
+    assert first["pixels"].shape == (20, 32, 32, 3) and first["pixels"].dtype == np.uint8
+    assert np.isnan(first["action"][-1]).all() and not np.isnan(first["action"][:-1]).any()
+
+
 def test_loader_benchmark_runs_every_row(tmp_path):
-    out = _run(
-        "loader.py", "--episodes", "12", "--length", "40", "--resolution", "32", "--batches", "3",
-        "--repeats", "1", "--dir", str(tmp_path), "--bench-dir", str(BENCH_DIR),
-    )  # fmt: skip
+    out = _run("loader.py", *LOADER_TOY, "--repeats", "1", "--dir", str(tmp_path))
     for row in ("lance ", "hdf5 ", "lance, processes", "hdf5, processes", "buffer"):
         assert row in out
     assert "first batches identical across every row: True" in out
 
 
-@needs_synth
+def test_loader_benchmarks_upstream_row_runs_stable_worldmodels_own_loader(
+    tmp_path, upstream_python
+):
+    """The upstream row: benchmarks/upstream_loader_bench.py in the interpreter of a venv that
+    holds stable-worldmodel (SWM_UPSTREAM_PYTHON), writing and reading the same episodes."""
+    out = _run(
+        "loader.py", *LOADER_TOY, "--repeats", "1", "--dir", str(tmp_path),
+        "--upstream-python", upstream_python,
+    )  # fmt: skip
+    assert "upstream benchmark failed" not in out
+    upstream = next(line for line in out.splitlines() if line.startswith("upstream lance"))
+    assert float(upstream.split()[2]) > 0  # its clips/s
+    assert "first batches identical across every row: True" in out
+
+
 def test_object_store_benchmark_runs_against_moto():
     pytest.importorskip("moto")
     out = _run(
         "object_store.py", "--steps", "480", "--episode-len", "40", "--resolution", "32",
-        "--batches", "3", "--bench-dir", str(BENCH_DIR),
+        "--batches", "3",
     )  # fmt: skip
     assert "first batches identical: True" in out
+
+
+def test_import_speed_benchmark_streams_stable_worldmodels_layout_direct_and_converted():
+    """benchmarks/import_speed.py without upstream's venv: the episodes in upstream's Lance
+    layout by swm's export, read as they are and after `swm convert`."""
+    out = _run("import_speed.py", *LOADER_TOY, "--repeats", "1")
+    assert "swm, direct" in out and "swm, converted" in out and "swm convert:" in out
+
+
+def test_buffer_benchmark_prints_every_row_against_its_numpy_baseline():
+    out = _run("buffer.py", "--resolutions", "32", "--max-steps", "2000")
+    for row in ("add (ring full, evicting)", "add_episode", "sample(64, out=)", "naive"):
+        assert row in out
+    assert "32x32 sample(64):" in out
+
+
+def test_cli_startup_benchmark_times_swm_help_against_its_floor_and_torch():
+    out = _run("cli_startup.py", "--repeats", "1")
+    for row in ("python -c pass", "swm --help", "swm collect --help", "import torch'"):
+        assert row in out
+    assert "swm --help / import torch:" in out
+
+
+def test_env_benchmark_prints_step_rates_and_the_policies_success():
+    out = _run("env.py", "--steps", "50", "--episodes", "2")
+    assert "TwoRoom 64x64:" in out and "TwoRoom 224x224:" in out and "frame copy" in out
+    assert "expert policy: success" in out and "random policy: success" in out
+
+
+def test_disk_peak_benchmark_reports_the_peak_over_the_final_size():
+    out = _run("disk_peak.py", "3")
+    assert "episodes 3: peak" in out and "ratio" in out
 
 
 def test_tracking_benchmark_reports_the_same_peak_tracked_on_the_first_steps():
@@ -62,8 +115,8 @@ def test_collect_workers_benchmark_runs_one_and_two_processes():
 
 
 def test_overhead_benchmark_runs_swm_the_bare_loop_and_the_ceiling(tmp_path):
-    """benchmarks/overhead.py at a toy size: its figures are docs/benchmarks.md's, not checked
-    here; that it runs, and that the bare loop's losses equal swm's, is."""
+    """benchmarks/overhead.py at a toy size: its figures are the performance report's, not
+    checked here; that it runs, and that the bare loop's losses equal swm's, is."""
     out = _run(
         "overhead.py", "--episodes", "8", "--steps", "3", "--rounds", "1", "--paths", "memory",
         "--dir", str(tmp_path),

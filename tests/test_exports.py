@@ -7,7 +7,6 @@ LeRobot's image layout and codecs read."""
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
@@ -258,20 +257,13 @@ print(json.dumps({"clips": len(dataset), "batches": batches, "with_nan": with_na
 
 
 @pytest.mark.parametrize("suffix", [".h5", ".lance"])
-def test_stable_worldmodels_own_loader_and_a_dataloader(source, tmp_path, suffix):
+def test_stable_worldmodels_own_loader_and_a_dataloader(source, tmp_path, suffix, upstream_python):
     """stable-worldmodel 0.1.1's load_dataset and a plain DataLoader over swm's export: no NaN
     in any batch, every value swm's (frames within JPEG's error in Lance). stable-worldmodel
     pulls a second torch, so it runs in the interpreter SWM_UPSTREAM_PYTHON names."""
-    import importlib.util
-
     from swmcli import load_dataset
 
-    python = os.environ.get("SWM_UPSTREAM_PYTHON")
-    if python is None and importlib.util.find_spec("stable_worldmodel") is not None:
-        python = sys.executable
-    if python is None:
-        pytest.skip("stable-worldmodel is not importable: set SWM_UPSTREAM_PYTHON to a venv's "
-                    "python that has stable-worldmodel==0.1.1")  # fmt: skip
+    python = upstream_python
     out, arrays = tmp_path / f"upstream{suffix}", tmp_path / "batches.npz"
     export(source, out, "stable-worldmodel")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -2,7 +2,7 @@
 then LeRobot's own ``LeRobotDataset`` + DataLoader and ``lerobot-train`` (ACT and diffusion, a
 few steps) on it, in a venv of LeRobot's own (it pulls its own torch, so it never goes in swm's).
 
-    python benchmarks/lerobot_train.py --venv /tmp/swm-lerobot-venv --work /tmp/swm-lerobot
+    python tests/lerobot_train.py --venv /tmp/swm-lerobot-venv --work /tmp/swm-lerobot
 
 Makes the venv when it has no ``lerobot-train`` (``pip install torch==2.9.1 torchvision==0.24.1
 lerobot==0.4.4``: lerobot 0.4.4 takes torch < 2.11; then swm from this checkout, ``-e .[video]``),

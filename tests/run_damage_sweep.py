@@ -1,8 +1,8 @@
 """Flip one bit at a time in every file of a small run directory and count what eval and
 ``--resume`` make of it.
 
-    python benchmarks/run_damage_sweep.py            # text files: every byte; others: every 499th
-    python benchmarks/run_damage_sweep.py --stride 7 --binary-stride 2000
+    python tests/run_damage_sweep.py            # text files: every byte; others: every 499th
+    python tests/run_damage_sweep.py --stride 7 --binary-stride 2000
 
 The run is the tiny preset's (6 episodes collected, 4 steps trained with a checkpoint every 2, so
 ``checkpoint.prev.pt`` is kept, then ``swm eval``, whose pictures join the sweep). Each flip runs

@@ -1,8 +1,8 @@
 """Flip one byte at a time in every file of a small dataset of each format and count the outcomes.
 
-    python benchmarks/damage_sweep.py                  # every byte of every file (slow)
-    python benchmarks/damage_sweep.py --stride 7       # every 7th byte, plus all of the metadata
-    python benchmarks/damage_sweep.py --formats lance  # one format
+    python tests/damage_sweep.py                  # every byte of every file (slow)
+    python tests/damage_sweep.py --stride 7       # every 7th byte, plus all of the metadata
+    python tests/damage_sweep.py --formats lance  # one format
 
 The datasets are the ones ``tests/test_checksums.py`` sweeps (4 episodes of 6 steps at 8x8). The
 flips cover every file: Lance's data files, manifest, transaction and version hint; the HDF5 file
@@ -24,9 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from flip_sweep import dataset_files, metadata_span  # noqa: E402
+from flip_sweep import dataset_files, metadata_span  # noqa: E402 (beside this file, in tests/)
 from test_storage import make_episode, write  # noqa: E402
 
 CHUNK = 64
@@ -74,7 +73,7 @@ def sweep(child: list[str], targets: list[str], env: dict[str, str]) -> dict[str
     """``{outcome: count}`` of ``targets`` ("FILE:OFFSET"), each chunk flipped by one child process
     (``child + chunk``, printing one "FILE:OFFSET OUTCOME" line a flip). A child that dies or is
     still running after ``CHUNK_SECONDS`` counts its flip as a crash or a hang; the sweep goes on
-    after it. ``benchmarks/run_damage_sweep.py`` sweeps run directories with the same loop."""
+    after it. ``tests/run_damage_sweep.py`` sweeps run directories with the same loop."""
     counts: dict[str, int] = {}
     for first in range(0, len(targets), CHUNK):
         todo = targets[first : first + CHUNK]
