@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from swmcli import config
-from swmcli.data.storage.lock import run_lock
 from swmcli.errors import UsageError
 from swmcli.host import keep_freed_memory
 from swmcli.interrupts import deferred_interrupts
@@ -51,7 +50,7 @@ from swmcli.training.metrics import (
     trim_metrics,
 )
 from swmcli.training.online import OnlineData
-from swmcli.training.run_directory import run_config, stopped_after
+from swmcli.training.run_directory import held_until_checkpointed, run_config, stopped_after
 from swmcli.training.sources import ActionCheck, StoredData, TrainingData
 from swmcli.training.step import RankMeetings, learning_rate, model_bytes, optimizer_step
 from swmcli.units import format_bytes
@@ -81,8 +80,9 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
     if not world.is_main:
         silence()
     with ExitStack() as held:
-        if world.is_main:  # before anything is written: a second writer is refused, named
-            held.enter_context(run_lock(cfg.train.out))
+        # Before anything is written: a second writer is refused, named; a failure before the
+        # first checkpoint leaves no trace.
+        held.enter_context(held_until_checkpointed(cfg.train.out, world.is_main))
         held.enter_context(distributed.joined(world, cfg.train.out))
         run = _set_up(cfg, monitor, resume, world)
         cfg, data, run_dir, last_step = run.cfg, run.data, run.run_dir, run.cfg.train.steps

@@ -6,11 +6,15 @@ memprofile --run`` need nothing else), ``checkpoint.pt`` (``checkpoints``), ``me
 ``loss_curve.png`` (``metrics``).
 """
 
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from swmcli import config
 from swmcli.data.formats import detect
 from swmcli.data.storage import location
+from swmcli.data.storage.lock import run_lock
 from swmcli.errors import SwmError, UsageError
 from swmcli.models.interface import portable_factory
 from swmcli.report import info
@@ -82,3 +86,56 @@ def stopped_after(step: int, run_dir: Path, world) -> None:
         hint=f"swm train --out {run_dir} --resume continues from step {step}",
         exit_code=130,
     )
+
+
+@contextmanager
+def held_until_checkpointed(run_dir: Path, writes: bool) -> Iterator[None]:
+    """The run directory's writer lock, held by the process that ``writes`` it (rank 0), and
+    the file system as it was if the run fails before its first checkpoint: a run directory this
+    run made is removed, one that was there gets back the files it held (those added removed,
+    those changed restored), under the lock; the lock file goes, and then the empty folders
+    this run made above the directory. A run with a checkpoint (resumed, or past its first) is
+    kept whatever happens."""
+    if not writes:
+        yield
+        return
+    run_dir = Path(run_dir).resolve()
+    made = next((p for p in reversed((run_dir, *run_dir.parents)) if not p.exists()), None)
+    trained = checkpoints.checkpoint_path(run_dir).exists()
+    held = {} if made is not None or trained else _files(run_dir)
+    try:
+        with run_lock(run_dir):
+            try:
+                yield
+            except BaseException:
+                if not checkpoints.checkpoint_path(run_dir).exists():
+                    _put_back(run_dir, made, held)
+                raise
+    except BaseException:
+        if made is not None and not run_dir.exists():
+            for folder in run_dir.parents:  # up to the first this run made, if left empty
+                if not folder.is_relative_to(made) or any(folder.iterdir()):
+                    break
+                folder.rmdir()
+        raise
+
+
+def _files(run_dir: Path) -> dict[str, bytes]:
+    """The name and bytes of every file directly in an untrained run directory (its config, a
+    metrics log, a fingerprint: small files)."""
+    return {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+
+
+def _put_back(run_dir: Path, made: Path | None, held: dict[str, bytes]) -> None:
+    """``run_dir`` as it was before a run that failed: gone if the run made it, else holding
+    just the files ``held`` lists, with their bytes."""
+    if made is not None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for path in run_dir.iterdir():
+        if path.is_dir() and path.name not in held:
+            shutil.rmtree(path)  # a logger's folder (tensorboard/)
+        elif path.name not in held:
+            path.unlink()
+        elif path.read_bytes() != held[path.name]:
+            path.write_bytes(held[path.name])
