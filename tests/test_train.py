@@ -469,6 +469,15 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_trace(
     with pytest.raises(UsageError, match="already trained"):
         run_train(_cfg(tiny_data, trained, **{"train.steps": 2}), MemoryMonitor(), resume=True)
     assert {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()} == files
+    # What is no run directory is never touched: a dataset, a file.
+    data_files = {p: p.read_bytes() for p in tiny_data.rglob("*") if p.is_file()}
+    with pytest.raises(UsageError, match="is a dataset"):
+        run_train(_cfg(tiny_data, tiny_data), MemoryMonitor())
+    assert {p: p.read_bytes() for p in tiny_data.rglob("*") if p.is_file()} == data_files
+    (tmp_path / "notes.txt").write_text("mine\n")
+    with pytest.raises(UsageError, match="is a file"):
+        run_train(_cfg(tiny_data, tmp_path / "notes.txt"), MemoryMonitor())
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
 
 
 def test_a_presets_missing_data_names_what_makes_it_and_leaves_nothing(tmp_path, monkeypatch):
