@@ -124,6 +124,12 @@ class CollectConfig(Section):
         description="who picks the actions: expert, random, or module:factory (factory(env, "
         "seed) returns observation -> action)",
     )
+    noise: float = Field(
+        0.3,
+        ge=0,
+        description="noise of the expert policy's actions (action units; Push-T's pusher: 1.0 "
+        "is 3x its target noise, 2.0 is 6x); not online.noise, the noise on planned actions",
+    )
     random_episodes: int = Field(
         0,
         ge=0,
@@ -416,7 +422,10 @@ class OnlineConfig(Section):
         "module:factory",
     )
     noise: float = Field(
-        0.3, ge=0, description="Gaussian noise (std, action units) added to planned actions"
+        0.3,
+        ge=0,
+        description="Gaussian noise (std, action units) added to planned actions online (--policy "
+        "planner); not collect.noise, the expert policy's noise",
     )
     updates_per_step: float = Field(
         0.1, gt=0, description="optimizer steps per env step collected (0.1: one every 10)"

@@ -287,6 +287,29 @@ def map_lerobot_export_escapes(root):
                    "--map", "observation.state=/../../../../../../X", to="out/lr")  # fmt: skip
 
 
+def merge(root: Path, to: str, code: int, says: str, *flags: str) -> Case:
+    """``swm merge`` of two swm datasets in ``in/`` into ``to``; only a merge that works may
+    write there."""
+    sources = [swm_data(root / "in" / name) for name in ("a.lance", "b.lance")]
+    args = ["merge", *map(str, sources), str(root / to), *flags]
+    return Case(args, code, says, writes=(to,) if code == 0 else ())
+
+
+table(merge, {
+    "merge-into-its-source": ("in/a.lance/merged.lance", 2, "is inside the source"),
+    "merge-over-its-source": ("in/b.lance", 2, "the same path", "--overwrite"),
+    "merge-around-its-sources": ("in", 2, "a folder holding the source", "--overwrite"),
+    "merge-map-escapes": ("out/m", 2, "the key", "--to", "folder", "--map", "pixels=../../X"),
+    "merge-beside-its-sources": ("out/m", 0, "verified", "--to", "folder", "--heldout", "1"),
+})  # fmt: skip
+
+
+@case
+def merge_through_a_link_into_its_source(root):
+    (root / "out" / "link").symlink_to(root / "in" / "a.lance")
+    return merge(root, "out/link/merged.h5", 2, "is inside the source")
+
+
 # ------------------------------------------------------------------- nothing read outside
 
 

@@ -234,3 +234,22 @@ def test_worker_processes_write_the_same_dataset_as_one_process(tmp_path):
         for key in left:
             np.testing.assert_array_equal(left[key], right[key], err_msg=key)
     a.close(), b.close()
+
+
+def test_collect_noise_is_the_experts_noise_in_every_worker(tmp_path):
+    """``--set collect.noise`` reaches the expert, in this process and in worker processes."""
+    noisy = ["--episodes", "2", "--set", "collect.noise=1.0"]
+    paths = {name: tmp_path / f"{name}.lance" for name in ("default", "one", "two")}
+    assert _collect("--out", str(paths["default"]), "--episodes", "2").exit_code == 0
+    assert _collect("--out", str(paths["one"]), *noisy).exit_code == 0
+    assert _collect("--out", str(paths["two"]), *noisy, "--workers", "2").exit_code == 0
+    default, one, two = (open_reader(path) for path in paths.values())
+    for index in range(2):
+        expert, noisier = default.read_episode(index), one.read_episode(index)
+        np.testing.assert_array_equal(expert["pixels"][0], noisier["pixels"][0])  # same start
+        assert not np.array_equal(expert["action"], noisier["action"], equal_nan=True)
+        for key, values in two.read_episode(index).items():
+            np.testing.assert_array_equal(values, noisier[key], err_msg=key)
+    refused = _collect("--out", str(tmp_path / "x.lance"), "--set", "collect.noise=-1")
+    assert refused.exit_code == 2 and "noise" in refused.output
+    assert not (tmp_path / "x.lance").exists()

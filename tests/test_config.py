@@ -3,13 +3,13 @@
 import json
 
 import pytest
+from preset_headers import header_commands, header_lines
 from pydantic import ValidationError
 
 from swmcli.config import (
     SwmConfig,
     load_run_config,
     preset_names,
-    preset_path,
     resolve_config,
     save_config,
     with_settings,
@@ -27,10 +27,21 @@ def test_required_presets_exist():
 def test_every_preset_validates(name):
     cfg = resolve_config(preset=name)
     assert isinstance(cfg, SwmConfig)
-    # A preset trains on the data it collects, or on data its header says how to make from it
-    # (pusht-state-64: pusht-64's episodes and noisier pushes, by benchmarks/pusht_noisy_data.py).
-    made = f" {cfg.collect.out} {cfg.data.path}" in preset_path(name).read_text()
+    # A preset trains on the data it collects, or on data its header's commands make from it
+    # (pusht-state-64: `swm merge` of pusht-64's episodes and noisier pushes).
+    made = any(str(cfg.data.path) in command for command in header_commands(name))
     assert cfg.collect.out == cfg.data.path or made, "a preset trains on the data it collects"
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_presets_header_gives_only_swm_commands(name):
+    """What a user who installed the wheel can run: no script, no path into a checkout (the
+    commands themselves run from the wheel in tests/test_wheel.py)."""
+    lines = header_lines(name)
+    assert lines and all(line.startswith("swm ") for line in lines), lines
+    for command in header_commands(name):
+        assert not any(arg.startswith(("benchmarks/", "tests/", "swmcli/", "experiments/"))
+                       for arg in command), command  # fmt: skip
 
 
 @pytest.mark.parametrize("name", preset_names())

@@ -350,16 +350,24 @@ def test_a_predictor_trains_on_the_runs_frozen_encoder_and_agent_state_norm(push
     assert all(torch.equal(before[name], after[name]) for name in frozen)
 
 
-def test_the_noisy_data_benchmark_keeps_the_held_out_episodes_last(pusht_run, tmp_path):
-    source, out = _cfg(pusht_run).data.path, tmp_path / "mixed.lance"
-    done = run_script(
-        "benchmarks/pusht_noisy_data.py", str(source), str(out), "--episodes", "1", "--heldout", "2"
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    before, after = open_reader(source), open_reader(out)
-    assert after.num_episodes == before.num_episodes + 2
-    for old, new in [(0, 0), (before.num_episodes - 1, after.num_episodes - 1)]:
-        first, second = before.read_episode(old), after.read_episode(new)
+def test_noisier_pushes_merge_with_the_held_out_episodes_last(pusht_run, tmp_path):
+    """pusht-state-64's data recipe, small: the pusher at 3x its noise (``collect.noise``),
+    merged after the source's training episodes and before its held-out ones."""
+    from swmcli.commands.collect import run_collect
+    from swmcli.data.merge import merge_datasets
+
+    source, noisy, mixed = _cfg(pusht_run).data.path, tmp_path / "noisy.lance", tmp_path / "m.lance"
+    flags = {**TINY, "collect.episodes": 1, "collect.random_episodes": 0, "collect.noise": 1.0}
+    flags |= {"collect.seed": 1000, "collect.out": noisy}
+    run_collect(resolve_config("pusht-state-64", flags=flags), MemoryMonitor())
+    merge_datasets([source, noisy], mixed, heldout=2)
+    before, pushes, after = open_reader(source), open_reader(noisy), open_reader(mixed)
+    last = before.num_episodes - 1
+    assert after.num_episodes == last + 2
+    pairs = [(before, 0, 0), (pushes, 0, last - 1), (before, last - 1, last)]
+    pairs += [(before, last, last + 1)]  # the held-out two, last
+    for reader, old, new in pairs:
+        first, second = reader.read_episode(old), after.read_episode(new)
         assert all(np.array_equal(first[k], second[k], equal_nan=True) for k in first)
 
 

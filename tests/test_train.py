@@ -443,3 +443,55 @@ def test_freeze_and_init_from_refuse_what_they_cannot_do(tiny_data, tmp_path):
     with pytest.raises(UsageError, match="not a run directory"):
         missing = {"train.init_from": tmp_path / "nowhere"}
         run_train(_cfg(tiny_data, tmp_path / "c", **missing), MemoryMonitor())
+
+
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_trace(
+    tiny_data, tmp_path, monkeypatch
+):
+    """The data missing, or the first step failing: no run directory, no config.json, no lock
+    file, no folder made for it; a directory that was there keeps what it held."""
+    monkeypatch.chdir(tmp_path)
+    bad = _with_actions(tiny_data, tmp_path / "bad.lance", np.inf)  # fails in the first step
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(UsageError, match="no dataset at"):
+        run_train(_cfg(tmp_path / "missing.lance", Path("runs/new/run")), MemoryMonitor())
+    with pytest.raises(SwmError, match="infinite actions"):
+        run_train(_cfg(bad, Path("runs/run"), **{"train.steps": 3}), MemoryMonitor())
+    assert sorted(tmp_path.rglob("*")) == before
+    untrained = tmp_path / "untrained"
+    untrained.mkdir()
+    (untrained / "config.json").write_text("{}\n")  # what an earlier run wrote before it failed
+    with pytest.raises(SwmError, match="infinite actions"):
+        run_train(_cfg(bad, untrained, **{"train.steps": 3}), MemoryMonitor())
+    assert [(p.name, p.read_text()) for p in untrained.iterdir()] == [("config.json", "{}\n")]
+    trained = tmp_path / "trained"
+    run_train(_cfg(tiny_data, trained, **{"train.steps": 2}), MemoryMonitor())
+    files = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}
+    with pytest.raises(UsageError, match="already trained"):
+        run_train(_cfg(tiny_data, trained, **{"train.steps": 2}), MemoryMonitor(), resume=True)
+    assert {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()} == files
+    # What is no run directory is never touched: a dataset, a file.
+    data_files = {p: p.read_bytes() for p in tiny_data.rglob("*") if p.is_file()}
+    with pytest.raises(UsageError, match="is a dataset"):
+        run_train(_cfg(tiny_data, tiny_data), MemoryMonitor())
+    assert {p: p.read_bytes() for p in tiny_data.rglob("*") if p.is_file()} == data_files
+    (tmp_path / "notes.txt").write_text("mine\n")
+    with pytest.raises(UsageError, match="is a file"):
+        run_train(_cfg(tiny_data, tmp_path / "notes.txt"), MemoryMonitor())
+    assert (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_presets_missing_data_names_what_makes_it_and_leaves_nothing(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from swmcli.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train", "--preset", "pusht-state-64"])
+    assert result.exit_code == 2, result.output
+    assert "no dataset at" in result.output and "pusht-64-mixed.lance" in result.output
+    assert "`swm collect` alone does not make it" in result.output
+    assert "presets/pusht-state-64.toml" in result.output
+    result = CliRunner().invoke(app, ["train", "--preset", "tiny"])
+    assert "hint: collect it first: `swm collect` with this run's --preset" in result.output
+    assert list(tmp_path.iterdir()) == []

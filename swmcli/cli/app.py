@@ -186,6 +186,48 @@ def convert(
 
 
 @command(
+    "merge",
+    "swm merge data/a.lance data/b.lance data/ab.lance",
+    "swm merge data/pusht-64.lance data/pusht-noisy.lance data/pusht-64-mixed.lance --heldout 50",
+    "swm merge data/tiny.lance data/rgb.lance data/mix.h5 --map rgb=pixels",
+    "swm merge data/a.h5 data/b data/ab --to folder --overwrite",
+)
+def merge(
+    paths: Annotated[
+        list[str],
+        typer.Argument(
+            help="two or more datasets to read (any format swm reads, never modified), then "
+            "the dataset to write",
+            metavar="SRC... DST",
+        ),
+    ],
+    to: Annotated[
+        str | None, typer.Option(help="lance, hdf5 (or h5) or folder (default: DST suffix)")
+    ] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace DST if present")] = False,
+    map_: MapOption = None,
+    heldout: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="write the first source's last N episodes last, so `swm eval` holds out the "
+            "same episodes as on that source",
+        ),
+    ] = 0,
+    as_json: Json = False,
+) -> None:
+    """Merge datasets into one, episodes in the order given: checked alike first, then streamed,
+    verified by checksums and renamed into place."""
+    from swmcli.commands.convert import run_merge
+
+    with reported(as_json) as job:
+        job.result = run_merge(
+            paths[:-1], paths[-1], to=to, overwrite=overwrite, mapping=map_, heldout=heldout,
+            monitor=job.monitor,
+        )  # fmt: skip
+
+
+@command(
     "info",
     "swm info data/tworoom.lance",
     "swm info data/tworoom.h5 --verify",

@@ -151,16 +151,18 @@ class _HelpInWords(TyperCommand):
 
     def format_help(self, ctx, formatter) -> None:
         for param in self.get_params(ctx):
-            if param.metavar is None:  # typer's own column reads <int>, <path>, <bool>
+            argument = param.param_type_name == "argument"
+            if param.metavar is None or argument:  # typer's column reads <int>, <list[str]>
                 word = TYPE_WORDS.get(param.bare_type(), "TEXT")
                 param.display_type_rich = lambda ctx, word=word: word
-                if param.param_type_name == "argument":  # the usage line reads {run_dir}
-                    param.metavar = param.name.upper()
+            if param.metavar is None and argument:  # the usage line reads {run_dir}
+                param.metavar = param.name.upper()
         super().format_help(ctx, formatter)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         """``[OPTIONS] SRC DST``: arguments by name, as a shell user reads them."""
-        names = [p.name.upper() for p in self.get_params(ctx) if p.param_type_name == "argument"]
+        params = self.get_params(ctx)
+        names = [p.metavar or p.name.upper() for p in params if p.param_type_name == "argument"]
         return [self.options_metavar, *names]
 
 

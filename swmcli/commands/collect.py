@@ -75,7 +75,8 @@ def run_collect(cfg: SwmConfig, monitor) -> CommandResult:
             seed=settings.seed,
             kwargs=cfg.env.kwargs,
         )
-        make_policy(settings.policy, env, settings.seed)  # refuses a policy the env cannot run
+        # A policy the env cannot run is refused here, before anything is written.
+        make_policy(settings.policy, env, settings.seed, noise=settings.noise)
         action_dim = action_dim_of(env)
         max_steps, max_steps_note = buffer_capacity(cfg)
         buffer = ReplayBuffer(max_steps, seed=settings.seed)
@@ -166,7 +167,7 @@ def _rollouts(
     while True:
         limit = None if target is None else target - steps
         seed, name = _episode_plan(settings, writer.num_episodes)
-        policy = make_policy(name, env, seed)
+        policy = make_policy(name, env, seed, noise=settings.noise)
         for row in episode_rows(env, policy, action_dim, seed=seed, limit=limit):
             if interrupted():
                 raise KeyboardInterrupt
@@ -267,5 +268,6 @@ def _rolled_out(index: int) -> dict[str, np.ndarray]:
         _WORKER.update(cfg=cfg, env=env, action_dim=action_dim_of(env))
     env, settings = _WORKER["env"], _WORKER["cfg"].collect
     seed, name = _episode_plan(settings, index)
-    rows = list(episode_rows(env, make_policy(name, env, seed), _WORKER["action_dim"], seed=seed))
+    policy = make_policy(name, env, seed, noise=settings.noise)
+    rows = list(episode_rows(env, policy, _WORKER["action_dim"], seed=seed))
     return {key: np.stack([row[key] for row in rows]) for key in rows[0]}

@@ -1,17 +1,20 @@
-"""``swm convert`` and ``swm info``: a dataset copied between formats, or described.
+"""``swm convert``, ``swm merge`` and ``swm info``: a dataset copied between formats, several
+merged into one, or one described.
 
-The copy itself (streamed, verified by checksums, renamed into place) is
-``core/storage/copy.py``; this job shows its progress and builds the result.
+The copy itself (streamed, verified by checksums, renamed into place) is ``data/copy.py``, the
+merge its copy of several sources' episodes (``data/merge.py``); these jobs show its progress
+and build the result.
 """
 
 import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from swmcli.data.copy import copy_dataset
+from swmcli.data.copy import Copied, copy_dataset
 from swmcli.data.exports.layouts import CONVENTIONS, LAYOUTS, export_dataset
 from swmcli.data.formats import open_reader
 from swmcli.data.mapping import parse_mapping
+from swmcli.data.merge import merge_datasets
 from swmcli.data.verify import verify as verify_checksums
 from swmcli.errors import UsageError
 from swmcli.report import CommandResult, Table, progress, warn
@@ -47,25 +50,15 @@ def run_convert(
             hint="convert to swm's layout first with --skip-damaged, then export that",
         )
     started = time.perf_counter()
-    with _phase(monitor, "convert"), progress("convert", total=_episode_count(src)) as advance:
-        copied = (copy_dataset if layout == "swm" else export_dataset)(
-            src,
-            dst,
-            keys=keys,
-            overwrite=overwrite,
-            on_episode=lambda *_: advance(1),
-            mapping=parse_mapping(mapping),
-            **({"to": to, "skip_damaged": skip_damaged} if layout == "swm" else {"layout": layout}),
-        )
+    copy = copy_dataset if layout == "swm" else export_dataset
+    copied = _shown(
+        monitor, "convert", _episode_count(src), copy,
+        src, dst, keys=keys, overwrite=overwrite, mapping=parse_mapping(mapping),
+        **({"to": to, "skip_damaged": skip_damaged} if layout == "swm" else {"layout": layout}),
+    )  # fmt: skip
     fields = {
         "src": str(copied.src),
-        "dst": str(copied.dst),
-        "format": copied.format,
-        "episodes": copied.episodes,
-        "steps": copied.steps,
-        "src_size_bytes": copied.src_size_bytes,
-        "dst_size_bytes": copied.dst_size_bytes,
-        "verified": True,
+        **_written(copied),
         "skipped_damaged_episodes": len(copied.skipped),
         "seconds": round(time.perf_counter() - started, 2),
     }
@@ -76,6 +69,70 @@ def run_convert(
         shown = "; ".join(f"episode {e}: {why}" for e, why in list(copied.skipped.items())[:5])
         warnings.append(warn(f"left out {len(copied.skipped)} damaged episodes: {shown}"))
     return CommandResult(title="swm convert", fields=fields, warnings=warnings)
+
+
+def run_merge(
+    sources: list[str],
+    dst: str | Path,
+    to: str | None = None,
+    overwrite: bool = False,
+    mapping: list[str] | None = None,
+    heldout: int = 0,
+    monitor=None,
+) -> CommandResult:
+    """Merge the datasets ``sources`` into ``dst`` (``data.merge.merge_datasets``) with a
+    progress bar; the result names each source, its episodes and where they went, and both
+    sizes. ``monitor`` (a MemoryMonitor) measures it as the phase "merge"."""
+    started = time.perf_counter()
+    merged = _shown(
+        monitor, "merge", sum(map(_episode_count, sources)), merge_datasets,
+        sources, dst, to=to, overwrite=overwrite, mapping=parse_mapping(mapping), heldout=heldout,
+    )  # fmt: skip
+    fields = {
+        **_written(merged),
+        "heldout_last": heldout,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    return CommandResult(title="swm merge", fields=fields, tables=[_provenance(merged.dst)])
+
+
+def _shown(monitor, phase: str, episodes: int, copy, *args, **kwargs) -> Copied:
+    """``copy(*args, **kwargs)`` (a copy of ``episodes`` episodes) with a progress bar, measured
+    as the memory phase ``phase``."""
+    with _phase(monitor, phase), progress(phase, total=episodes) as advance:
+        return copy(*args, on_episode=lambda *_: advance(1), **kwargs)
+
+
+def _written(copied: Copied) -> dict:
+    """What a convert or a merge wrote: where, in which format, how much, both sizes; it was
+    verified (it is in place only once it was)."""
+    return {
+        "dst": str(copied.dst),
+        "format": copied.format,
+        "episodes": copied.episodes,
+        "steps": copied.steps,
+        "src_size_bytes": copied.src_size_bytes,
+        "dst_size_bytes": copied.dst_size_bytes,
+        "verified": True,
+    }
+
+
+def _provenance(path) -> Table:
+    """Where each source's episodes went, as the merge's metadata records it."""
+    reader = open_reader(path)
+    try:
+        merged_from = reader.metadata["merged_from"]
+    finally:
+        reader.close()
+    rows = [
+        [
+            part["dataset"],
+            part["episodes"],
+            ", ".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in part["written_as"]),
+        ]
+        for part in merged_from
+    ]
+    return Table(title="sources", columns=["dataset", "episodes", "written as"], rows=rows)
 
 
 def _episode_count(path: str | Path) -> int:

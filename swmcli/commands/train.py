@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from swmcli import config
-from swmcli.data.storage.lock import run_lock
 from swmcli.errors import UsageError
 from swmcli.host import keep_freed_memory
 from swmcli.interrupts import deferred_interrupts
@@ -41,7 +40,7 @@ from swmcli.models.interface import model_args
 from swmcli.models.outputs import check_finite, faults_named
 from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
 from swmcli.report import CommandResult, format_seconds, info, progress, silence, warn
-from swmcli.training import checkpoints, distributed, recipe, techniques
+from swmcli.training import checkpoints, distributed, recipe, run_directory, techniques
 from swmcli.training.loggers import check_installed, log_once
 from swmcli.training.metrics import (
     LOSS_CURVE_FILE,
@@ -51,7 +50,6 @@ from swmcli.training.metrics import (
     trim_metrics,
 )
 from swmcli.training.online import OnlineData
-from swmcli.training.run_directory import resumable_items, run_config, stopped_after
 from swmcli.training.sources import ActionCheck, StoredData, TrainingData
 from swmcli.training.step import RankMeetings, learning_rate, model_bytes, optimizer_step
 from swmcli.units import format_bytes
@@ -102,7 +100,7 @@ def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
     """What the run trains with: its config and directory, the device, then the data, the model,
     the optimizer and the first step."""
     check_installed(cfg.train.loggers)
-    cfg = run_config(cfg, resume, world)
+    cfg = run_directory.run_config(cfg, resume, world)
     run_dir = Path(cfg.train.out)
     state = checkpoints.load_checkpoint(run_dir) if resume else None  # verified
     start = state["step"] if state else 0
@@ -183,8 +181,9 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
     if not world.is_main:
         silence()
     with ExitStack() as held:
-        if world.is_main:  # before anything is written: a second writer is refused, named
-            held.enter_context(run_lock(cfg.train.out))
+        # Before anything is written: a second writer is refused, named; a failure before the
+        # first checkpoint leaves no trace.
+        held.enter_context(run_directory.held_until_checkpointed(cfg.train.out, world.is_main))
         held.enter_context(distributed.joined(world, cfg.train.out))
         run = _set_up(cfg, monitor, resume, world)
         cfg, data, run_dir, last_step = run.cfg, run.data, run.run_dir, run.cfg.train.steps
@@ -236,7 +235,7 @@ def run_train(cfg: config.SwmConfig, monitor, resume: bool = False, as_json: boo
                         f"on step {done})"
                     )
                 if stop:
-                    stopped_after(done, run_dir, world)
+                    run_directory.stopped_after(done, run_dir, world)
         steady_steps = last_step - run.start - 1  # the first step compiles: not steady
         steady = clips_per_step * steady_steps / steady_seconds if steady_steps else None
         result = _result(run, monitor, last, steady, steady_seconds, resume)
@@ -256,7 +255,8 @@ def _launch(cfg: config.SwmConfig, resume: bool, as_json: bool) -> None:
         config_file.write_text(cfg.model_dump_json())
         arguments = ["train", "--config", str(config_file)]
         if resume:
-            arguments += ["--resume", *(f"--set={item}" for item in resumable_items(cfg))]
+            items = run_directory.resumable_items(cfg)
+            arguments += ["--resume", *(f"--set={item}" for item in items)]
         arguments += ["--json"] if as_json else []
         info(f"launching {cfg.runtime.nproc} data-parallel processes with torchrun")
         distributed.launch(cfg.runtime.nproc, arguments)

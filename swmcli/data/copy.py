@@ -8,7 +8,7 @@ source is only ever read.
 
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +25,35 @@ from swmcli.errors import DatasetError, UsageError
 from swmcli.names import check_name
 
 
-def _check_destination(src: Location, dst: Location, overwrite: bool) -> None:
-    if loc.resolve(dst) == loc.resolve(src):
-        raise UsageError(
-            f"source and destination are the same path: {src}", hint="choose another DST"
-        )
+def _check_apart(dst: Location, sources: Sequence[Location]) -> None:
+    """Refuse a destination that is a source, lies inside one or holds one: the copy (its lock
+    file included) would be written into a source, or replacing it would delete one."""
+    target = loc.resolve(dst)
+    for src in sources:
+        source = loc.resolve(src)
+        if target == source:
+            raise UsageError(
+                f"source and destination are the same path: {src}", hint="choose another DST"
+            )
+        if _inside(target, source) or _inside(source, target):
+            where = (
+                "inside the source" if _inside(target, source) else "a folder holding the source"
+            )
+            raise UsageError(
+                f"{dst} is {where} {src}",
+                hint="write DST beside its sources, never inside or around one",
+            )
+
+
+def _inside(inner: Location, outer: Location) -> bool:
+    if loc.is_remote(inner) != loc.is_remote(outer):
+        return False
+    if loc.is_remote(inner):
+        return inner.startswith(outer.rstrip("/") + "/")
+    return inner != outer and inner.is_relative_to(outer)
+
+
+def _check_destination(dst: Location, overwrite: bool) -> None:
     if not loc.exists(dst):
         return
     if not overwrite:
@@ -65,9 +89,10 @@ def _alive(pid: int) -> bool:
 
 @dataclass(frozen=True)
 class Copied:
-    """What ``copy_dataset`` wrote: counts and sizes on disk of the source and the copy."""
+    """What ``copy_dataset`` wrote: counts and sizes on disk of the source (or the sources a
+    merge read) and the copy."""
 
-    src: Location
+    src: Location | tuple[Location, ...]
     dst: Location
     format: str
     episodes: int
@@ -194,7 +219,7 @@ def copy_dataset(
         raise UsageError("no key to keep was given", hint="pass keys, e.g. --keys pixels,action")
     reader = open_reader(src, mapping)
     try:
-        with destination_lock(dst):
+        with destination_lock(dst, [src]):
             keys = check_source(reader, src, dst, keys, overwrite)
             fmt = resolve_format(temporary_path(dst), to)
             # Every field the collector wrote (env, policy, ...); the writer sets its own.
@@ -211,22 +236,24 @@ def copy_dataset(
         reader.close()
 
 
-def destination_lock(dst: Location):
+def destination_lock(dst: Location, sources: Sequence[Location]):
     """A context holding ``dst``'s writer lock for a whole copy, from before the destination is
     checked until the copy is in place (object storage has no lock file: one writer there is
-    the user's to arrange)."""
+    the user's to arrange). A ``dst`` that is one of ``sources``, or inside or around one, is
+    refused first, before its lock file is written."""
+    _check_apart(dst, sources)
     return nullcontext() if loc.is_remote(dst) else WriterLock(dst)
 
 
 def check_source(reader, src: Location, dst: Location, keys, overwrite: bool) -> list[str]:
     """The keys to copy, once ``dst`` may be written and ``src`` holds episodes; each key is
     checked to be a plain name before anything is written (it names files and columns)."""
-    _check_destination(src, dst, overwrite)
+    _check_destination(dst, overwrite)
     keys = check_keys(reader.keys, keys, src)
     for key in keys:
         check_name(key, f"{src}: the key")
     if reader.num_episodes == 0:
-        raise DatasetError(f"{src} holds no episodes", hint="nothing to convert")
+        raise DatasetError(f"{src} holds no episodes", hint="nothing to copy from it")
     return keys
 
 

@@ -16,19 +16,23 @@ from collections.abc import Callable
 
 import numpy as np
 
+from swmcli.config import CollectConfig
 from swmcli.envs.plugins import plugin_for
 from swmcli.errors import UsageError, remember_user_file
 
 POLICIES = ("random", "expert")
+EXPERT_NOISE = CollectConfig.model_fields["noise"].default  # ``collect.noise``'s default
 
 
-def make_policy(name: str, env, seed: int, *, noise: float = 0.3) -> Callable[[dict], np.ndarray]:
+def make_policy(
+    name: str, env, seed: int, *, noise: float = EXPERT_NOISE
+) -> Callable[[dict], np.ndarray]:
     """A seeded policy ``observation -> action`` for ``env``.
 
     ``random`` samples the env's action space. ``expert`` is the env plugin's scripted expert
     (TwoRoom's steers toward the goal, via the door when the goal is in the other room) with
-    noise ``noise`` (action units), so the data holds varied actions. ``module:factory`` is
-    ``factory(env, seed)``.
+    noise ``noise`` (action units, ``collect.noise``), so the data holds varied actions.
+    ``module:factory`` is ``factory(env, seed)``.
     """
     if name == "random":
         return _random_policy(env, seed)

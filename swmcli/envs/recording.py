@@ -158,7 +158,7 @@ def sample_episodes(cfg: SwmConfig, episodes: int) -> tuple[list[dict[str, np.nd
     """
     seed = cfg.collect.seed
     env = make_env(cfg.env.id, cfg.env.resolution, cfg.env.max_episode_steps, seed, cfg.env.kwargs)
-    policy = make_policy(cfg.collect.policy, env, seed)
+    policy = make_policy(cfg.collect.policy, env, seed, noise=cfg.collect.noise)
     action_dim = action_dim_of(env)
     result = []
     try:

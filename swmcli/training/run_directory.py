@@ -8,15 +8,20 @@ memprofile --run`` need nothing else), ``checkpoint.pt`` (``checkpoints``), ``me
 """
 
 import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from swmcli import config
 from swmcli.data.formats import detect
 from swmcli.data.storage import location
+from swmcli.data.storage.lock import run_lock
 from swmcli.errors import SwmError, UsageError
 from swmcli.models.interface import portable_factory
 from swmcli.report import info
 from swmcli.training import checkpoints
+from swmcli.training.metrics import METRICS_FILE
 from swmcli.training.sources import env_of_training_data
 
 
@@ -124,3 +129,75 @@ def stopped_after(step: int, run_dir: Path, world) -> None:
         hint=f"swm train --out {run_dir} --resume continues from step {step}",
         exit_code=130,
     )
+
+
+# The files a run writes into its directory before its first checkpoint.
+_EARLY_FILES = (config.CONFIG_FILE, METRICS_FILE, checkpoints.DATA_FINGERPRINT_FILE)
+
+
+@contextmanager
+def held_until_checkpointed(run_dir: Path, writes: bool) -> Iterator[None]:
+    """The run directory's writer lock, held by the process that ``writes`` it (rank 0), and
+    the file system as it was if the run fails before its first checkpoint: a run directory this
+    run made is removed, an untrained one that was there gets back what it held (what the run
+    added removed, its files as they were), under the lock; the lock file goes, and then the
+    empty folders this run made above the directory. A run with a checkpoint (resumed, or past
+    its first) is kept whatever happens, and a path that is no run directory (a file, a
+    dataset, someone else's folder: ``run_config`` refuses them) is never touched."""
+    if not writes:
+        yield
+        return
+    run_dir = Path(run_dir).resolve()
+    made = next((p for p in reversed((run_dir, *run_dir.parents)) if not p.exists()), None)
+    untrained = made is None and _untrained_run(run_dir)
+    before = _entries(run_dir) if untrained else {}
+    try:
+        with run_lock(run_dir):
+            try:
+                yield
+            except BaseException:
+                if (made or untrained) and not checkpoints.checkpoint_path(run_dir).exists():
+                    _put_back(run_dir, made, before)
+                raise
+    except BaseException:
+        if made is not None and not run_dir.exists():
+            for folder in run_dir.parents:  # up to the first this run made, if left empty
+                if not folder.is_relative_to(made) or any(folder.iterdir()):
+                    break
+                folder.rmdir()
+        raise
+
+
+def _untrained_run(run_dir: Path) -> bool:
+    """An empty folder, or one holding a run's config and no checkpoint: what a fresh run
+    writes into (and nothing else it is pointed at)."""
+    if not run_dir.is_dir() or _is_dataset(run_dir):
+        return False
+    if checkpoints.checkpoint_path(run_dir).exists():
+        return False
+    return not any(run_dir.iterdir()) or (run_dir / config.CONFIG_FILE).is_file()
+
+
+def _entries(run_dir: Path) -> dict[str, bytes | None]:
+    """The name of each entry of an untrained run directory, with the bytes of the run's own
+    early files (small: a config, a metrics log, a data fingerprint)."""
+    return {
+        p.name: p.read_bytes() if p.name in _EARLY_FILES and p.is_file() else None
+        for p in run_dir.iterdir()
+    }
+
+
+def _put_back(run_dir: Path, made: Path | None, before: dict[str, bytes | None]) -> None:
+    """``run_dir`` as it was before a run that failed: gone if the run made it, else without
+    the entries the run added and with its early files' bytes as they were."""
+    if made is not None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for path in run_dir.iterdir():
+        if path.name in before:
+            if before[path.name] is not None and path.read_bytes() != before[path.name]:
+                path.write_bytes(before[path.name])
+        elif path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)  # a logger's folder (tensorboard/)
+        else:
+            path.unlink()

@@ -20,10 +20,11 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from swmcli.config import SwmConfig
+from swmcli.config import SwmConfig, preset_names, preset_path, resolve_config
 from swmcli.data.buffer import ReplayBuffer, preflight, schema_bytes
 from swmcli.data.clips import heldout_split
 from swmcli.data.formats import open_reader
+from swmcli.data.storage import location
 from swmcli.data.storage.checksums import check_episode
 from swmcli.data.storage.schema import Schema
 from swmcli.data.streaming import load_dataset, make_loader
@@ -160,7 +161,10 @@ def open_training_data(cfg: SwmConfig):
             skip_damaged=cfg.data.skip_damaged,
         )
 
-    everything = load(None)
+    try:
+        everything = load(None)
+    except MissingPathError as error:
+        raise MissingPathError(error.message, hint=how_to_make(cfg)) from None
     usable = check_usable(everything.keys, cfg.data.path)
     total = len(everything.episode_lengths)
     episodes, _ = heldout_split(total, cfg.eval.heldout_episodes)
@@ -325,6 +329,24 @@ def _passes_warning(cfg: SwmConfig, train_clips: int) -> list[str]:
             "(swm collect --max-steps 200000) or lower --steps"
         )
     ]
+
+
+def how_to_make(cfg: SwmConfig) -> str:
+    """How to make the missing dataset ``cfg.data.path``: ``swm collect`` with the run's own
+    settings where they write it; a preset's header where it is that preset's dataset and more
+    than ``swm collect`` makes it (pusht-state-64's merges three collects)."""
+    wanted = location.resolve(location.as_location(cfg.data.path))
+    if wanted == location.resolve(location.as_location(cfg.collect.out)):
+        return "collect it first: `swm collect` with this run's --preset, --config and --set"
+    for name in preset_names():
+        preset = resolve_config(name)
+        made_alone = preset.collect.out == preset.data.path
+        if not made_alone and location.resolve(location.as_location(preset.data.path)) == wanted:
+            return (
+                f"`swm collect` alone does not make it: run the commands at the top of preset "
+                f"{name}'s file, {preset_path(name)}"
+            )
+    return f"pass --data DATASET, or collect it with `swm collect --out {cfg.data.path}`"
 
 
 def env_of_training_data(cfg: SwmConfig) -> SwmConfig:

@@ -116,7 +116,7 @@ def export_dataset(
             hint="write it locally, then upload it",
         )
     writer, fmt = _writer(layout, Path(dst))
-    with destination_lock(dst):  # held until the copy is in place
+    with destination_lock(dst, [src]):  # held until the copy is in place
         reader = open_reader(src, mapping)
         try:
             keys = check_source(reader, src, dst, keys, overwrite)

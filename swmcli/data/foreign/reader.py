@@ -95,6 +95,7 @@ class ForeignReader:
 
     def __init__(self, path: Path, format: str, source: Source, mapping: Mapping[str, str]):
         self.path, self.format, self._source = path, format, source
+        self.columns = list(source.columns)  # the source's own names: what ``--map`` renames
         defaults = {name: default_key(name) for name in source.columns}
         self._names = map_columns(path, source.columns, mapping, {**defaults, **source.defaults})
         self.keys: Schema = {key: source.columns[name] for key, name in self._names.items()}

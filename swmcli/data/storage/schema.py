@@ -174,9 +174,13 @@ def check_stored_schema(where, stored: Mapping[str, tuple], schema: Schema) -> N
 _STORED_HINT = "the dataset is damaged (schema and data disagree): restore it or collect again"
 
 
+# What episodes in one dataset must share where their datasets record it (appended, merged).
+AGREEING_METADATA = ("env_id", "resolution", "action_dim")
+
+
 def check_metadata(existing: Mapping[str, Any], user: Mapping[str, Any], where: Path) -> None:
     """Refuse appending episodes of another env / resolution / action dim."""
-    for key in ("env_id", "resolution", "action_dim"):
+    for key in AGREEING_METADATA:
         new, old = user.get(key), existing.get(key)
         if new is not None and old is not None and json.dumps(new) != json.dumps(old):
             raise UsageError(
