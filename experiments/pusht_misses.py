@@ -46,14 +46,14 @@ def _reached(env, terminated, info, goal_state):
 
 def summary(played: list[np.ndarray], kinds: list[str]) -> dict:
     """Successes by kind of goal, and the block's closest approach in the misses."""
-    rows = {"agent alone": [0, 0], "block must move": [0, 0]}
+    rows = {"agent alone": [0, 0], "T must move": [0, 0]}
     closest = []
     for steps, kind in zip(played, kinds, strict=True):
         _, block, _, hits = steps.T
         success = bool(hits.any())
         rows[kind][0] += success
         rows[kind][1] += 1
-        if not success and kind == "block must move":
+        if not success and kind == "T must move":
             closest.append((block[0], block.min()))
     return {"rows": rows, "closest": np.array(closest).reshape(-1, 2)}
 
@@ -78,7 +78,7 @@ def main() -> None:
     for policy, part in (("planner", slice(None, half)), ("random actions", slice(half, None))):
         result = summary(played[part], kinds[part])
         for kind, (wins, count) in result["rows"].items():
-            misses = result["closest"] if kind == "block must move" else np.zeros((0, 2))
+            misses = result["closest"] if kind == "T must move" else np.zeros((0, 2))
             medians = [f"{np.median(misses[:, i]):.0f}" if len(misses) else "-" for i in (0, 1)]
             table.add_row(policy, kind, f"{wins}/{count}", *medians)
     console = Console(width=120)

@@ -214,7 +214,7 @@ def main() -> None:
     score = Criterion() if args.score == "criterion" else RunLatent(args.run, cfg)
     planners.plan_costs = partial(physics_costs, score=score)  # cem's candidates, simulated
     episodes = goal_episodes(cfg)
-    rows = {"agent alone": [0, 0], "block must move": [0, 0]}
+    rows = {"agent alone": [0, 0], "T must move": [0, 0]}
     console = Console(width=120)
     for index, episode in enumerate(episodes, 1):
         kind = pusht.goal_asks(episode.state, episode.goal_state)

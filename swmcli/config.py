@@ -127,8 +127,9 @@ class CollectConfig(Section):
     noise: float = Field(
         0.3,
         ge=0,
-        description="noise of the expert policy's actions (action units; Push-T's pusher: 1.0 "
-        "is 3x its target noise, 2.0 is 6x); not online.noise, the noise on planned actions",
+        description="noise of the expert policy's actions, in swm collect and in swm train "
+        "--online --policy expert (action units; Push-T's pusher: 1.0 is 3x its target noise, "
+        "2.0 is 6x); not online.noise, the noise on planned actions",
     )
     random_episodes: int = Field(
         0,

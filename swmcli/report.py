@@ -235,15 +235,15 @@ def _stacked(title: str | None, headers: list[str], rows: list[list[str]], width
         max([_longest_word([header]), *(len(cell) for cell in cells)])
         for header, cells in _value_columns(headers, rows)
     ]
-    block = len(_GAP.join(" " * w for w in widths))
-    if block > width:
+    values_width = len(_GAP.join(" " * w for w in widths))
+    if values_width > width:
         for row in rows:
             text.append(row[0] + "\n", style="bold")
             for header, cell in zip(headers[1:], row[1:], strict=True):
                 text.append(f"  {header}: {cell}\n")
         text.rstrip()
         return text
-    room = width - block - len(_GAP)
+    room = width - values_width - len(_GAP)
     wrapped = [
         textwrap.wrap(header, w) or [""] for header, w in zip(headers[1:], widths, strict=True)
     ]

@@ -199,5 +199,6 @@ def test_a_missing_source_or_a_single_one_is_one_line(tmp_path):
     write_source(tmp_path / "a.lance", [0])
     _one_line_refusal(merge(tmp_path / "a.lance", tmp_path / "missing.h5", tmp_path / "m.h5"),
                       "no dataset at")  # fmt: skip
-    _one_line_refusal(merge(tmp_path / "a.lance", tmp_path / "m.h5"), "two or more sources, got 1")
+    single = merge(tmp_path / "a.lance", tmp_path / "m.h5")
+    _one_line_refusal(single, "got 2 path(s): it needs two or more sources")
     assert not (tmp_path / "m.h5").exists()

@@ -160,24 +160,24 @@ def test_the_misses_benchmark_splits_the_runs_own_successes_by_what_the_goal_ask
         if line.count("│") >= 5
     }
     for policy, rate in (("planner", "success_rate"), ("random actions", "random_success_rate")):
-        alone, move = rows[(policy, "agent alone")], rows[(policy, "block must move")]
+        alone, move = rows[(policy, "agent alone")], rows[(policy, "T must move")]
         wins = int(alone.split("/")[0]) + int(move.split("/")[0])
         count = int(alone.split("/")[1]) + int(move.split("/")[1])
         assert count == fields["episodes"] == 3
         assert wins == round(fields[rate] * count), (policy, rows)
 
 
-def test_the_block_probe_reads_the_state_back_from_latents_and_from_the_frames(pusht_run):
+def test_the_pose_probe_reads_the_state_back_from_latents_and_from_the_frames(pusht_run):
     sys.path.insert(0, str(ROOT / "experiments"))
-    import block_probe
+    import pose_probe
 
-    latent = block_probe.probe(pusht_run, every=1, sets=[])
-    frames = block_probe.probe(pusht_run, every=1, sets=[], frames=True)
-    assert list(latent) == list(frames) == ["agent position", "block position", "block angle"]
+    latent = pose_probe.probe(pusht_run, every=1, sets=[])
+    frames = pose_probe.probe(pusht_run, every=1, sets=[], frames=True)
+    assert list(latent) == list(frames) == ["agent position", "T position", "T angle"]
     assert all(np.isfinite(three).all() and len(three) == 3 for three in latent.values())
     # The mean guess is the same for both; the frames' nearest neighbours know where the block is.
     assert [three[2] for three in latent.values()] == [three[2] for three in frames.values()]
-    assert frames["block position"][1] < frames["block position"][2]
+    assert frames["T position"][1] < frames["T position"][2]
 
 
 def test_the_oracle_benchmark_simulates_what_the_env_steps_and_plays_the_protocol(pusht_run):

@@ -459,11 +459,21 @@ def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_trace(
         run_train(_cfg(bad, Path("runs/run"), **{"train.steps": 3}), MemoryMonitor())
     assert sorted(tmp_path.rglob("*")) == before
     untrained = tmp_path / "untrained"
-    untrained.mkdir()
+    (untrained / "mine").mkdir(parents=True)
     (untrained / "config.json").write_text("{}\n")  # what an earlier run wrote before it failed
+    (untrained / "notes.txt").write_text("mine\n")  # and what its user keeps beside it
+    held = {p: p.read_bytes() if p.is_file() else None for p in untrained.rglob("*")}
     with pytest.raises(SwmError, match="infinite actions"):
         run_train(_cfg(bad, untrained, **{"train.steps": 3}), MemoryMonitor())
-    assert [(p.name, p.read_text()) for p in untrained.iterdir()] == [("config.json", "{}\n")]
+    assert {p: p.read_bytes() if p.is_file() else None for p in untrained.rglob("*")} == held
+    other_tool = tmp_path / "model"  # another tool's folder with a config.json of its own
+    other_tool.mkdir()
+    (other_tool / "config.json").write_text('{"hidden_size": 768}\n')
+    with pytest.raises(UsageError, match="not a swm run"):
+        run_train(_cfg(tiny_data, other_tool), MemoryMonitor())
+    assert [(p.name, p.read_text()) for p in other_tool.iterdir()] == [
+        ("config.json", '{"hidden_size": 768}\n')
+    ]
     trained = tmp_path / "trained"
     run_train(_cfg(tiny_data, trained, **{"train.steps": 2}), MemoryMonitor())
     files = {p: p.read_bytes() for p in trained.rglob("*") if p.is_file()}

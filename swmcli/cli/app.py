@@ -20,7 +20,7 @@ import typer
 
 from swmcli import __version__
 from swmcli.cli.options import Sets, SwmGroup, add_command, given
-from swmcli.errors import SwmError, blame_user, describe_unexpected
+from swmcli.errors import SwmError, UsageError, blame_user, describe_unexpected
 from swmcli.host import keep_freed_memory
 
 app = typer.Typer(
@@ -37,11 +37,13 @@ app = typer.Typer(
 )
 
 Json = Annotated[bool, typer.Option("--json", help="print the result as one JSON object")]
-# Any dataset's column SRC read as the key DST (another tool's, or swm's own: on an export it
+# Any dataset's column COLUMN read as the key KEY (another tool's, or swm's own: on an export it
 # chooses the name written).
 MapOption = Annotated[
     list[str] | None,
-    typer.Option("--map", help="SRC=DST: the dataset's column SRC as key DST (SRC= drops it)"),
+    typer.Option(
+        "--map", help="COLUMN=KEY: the dataset's column COLUMN read as key KEY (COLUMN= drops it)"
+    ),
 ]
 
 
@@ -221,6 +223,13 @@ def merge(
     from swmcli.commands.convert import run_merge
 
     with reported(as_json) as job:
+        if len(paths) < 3:
+            raise UsageError(
+                f"swm merge got {len(paths)} path(s): it needs two or more sources, then the "
+                "destination",
+                hint="swm merge SRC SRC... DST, e.g. swm merge data/a.lance data/b.lance "
+                "data/ab.lance",
+            )
         job.result = run_merge(
             paths[:-1], paths[-1], to=to, overwrite=overwrite, mapping=map_, heldout=heldout,
             monitor=job.monitor,

@@ -33,7 +33,7 @@ def run_convert(
 ) -> CommandResult:
     """Convert the dataset at ``src`` into ``dst`` (format ``to``, else from the suffix, else
     lance), keeping only ``keys`` if given, with a progress bar; the result names both sizes.
-    ``mapping`` (``SRC=DST`` pairs) renames the source's columns on the way in (any source,
+    ``mapping`` (``COLUMN=KEY`` pairs) renames the source's columns on the way in (any source,
     swm's own included: on an export it chooses the names written); ``layout``
     "stable-worldmodel", "lerobot" or "minari" writes that tool's own layout instead of swm's,
     and the result says, in one line, what that tool's convention made of the last row.
@@ -155,7 +155,7 @@ def run_info(
     metadata, and a table of keys with their per-row dtype and shape. ``verify`` first reads
     every episode against its checksums and fails naming the damaged ones. Another tool's
     dataset also shows its codec, whether it is lossy, its convention and the column mapping
-    (``mapping``: ``SRC=DST`` overrides). ``monitor`` (a MemoryMonitor) measures it as the
+    (``mapping``: ``COLUMN=KEY`` overrides). ``monitor`` (a MemoryMonitor) measures it as the
     phase "inspect".
     """
     with _phase(monitor, "inspect"):

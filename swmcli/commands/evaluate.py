@@ -28,7 +28,6 @@ from swmcli.data.storage.lock import run_lock
 from swmcli.data.streaming import load_dataset
 from swmcli.envs.make import has_goal_image, make_env
 from swmcli.envs.plugins import check_restorable
-from swmcli.envs.recording import env_of_data
 from swmcli.errors import UsageError
 from swmcli.models.interface import build_model
 from swmcli.models.outputs import predict_checked
@@ -75,7 +74,7 @@ def _evaluate(run_dir: Path, cfg: SwmConfig, monitor) -> CommandResult:
     with monitor.phase("load"):
         model, state = load_model(run_dir, cfg, runner)
     shape = state["model_args"]
-    cfg = _check_data_fits_model(cfg, shape, run_dir)
+    _check_data_fits_model(cfg, shape, run_dir)
     no_goal = _why_no_planning(cfg, shape)
     with runner.inference(model), monitor.phase("warm-up"):
         _warm_up(model, shape, runner)
@@ -141,15 +140,13 @@ def load_model(run_dir: Path, cfg: SwmConfig, runner):
     return runner.prepare(model), state
 
 
-def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path) -> SwmConfig:
+def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path) -> None:
     """Refuse data whose frames or actions are not what the run was trained on (the dataset may
-    have been replaced since), before any step that would fail on the shapes. Returns ``cfg``
-    with the env the data came from (runs trained before the run config kept it)."""
+    have been replaced since), before any step that would fail on the shapes."""
     reader = open_reader(cfg.data.path)  # metadata only: no rows are read
     try:
         pixels = reader.keys["pixels"][1] if "pixels" in reader.keys else None
         action = reader.keys["action"][1] if "action" in reader.keys else None
-        metadata = reader.metadata
     finally:
         reader.close()
     side, action_dim = shape["resolution"], shape["action_dim"]
@@ -159,7 +156,6 @@ def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path)
             f"on {side}x{side} frames and {action_dim} action values",
             hint=f"restore the data the run was trained on (data.path in {run_dir}/config.json)",
         )
-    return env_of_data(cfg, metadata)
 
 
 def _warm_up(model, shape: dict[str, int], runner) -> None:

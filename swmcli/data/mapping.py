@@ -1,8 +1,8 @@
-"""``--map SRC=DST``: a dataset's columns under the names the user chooses, for every source.
+"""``--map COLUMN=KEY``: a dataset's columns under the names the user chooses, for every source.
 
 ``parse_mapping`` reads the flag; ``map_columns`` decides each column's key (the user's name,
 else the source's default) and checks the result once: every name given is a column, every key a
-plain name, no two columns on one key; ``SRC=`` leaves a column out. Another tool's dataset is
+plain name, no two columns on one key; ``COLUMN=`` leaves a column out. Another tool's dataset is
 renamed by its reader (``foreign/reader.py``); swm's own datasets by ``MappedReader``, a front
 over any swm reader that reads the same rows under the new keys, checksums and all. An export
 then names its columns from those keys (``--map state=observation.state`` chooses LeRobot's).
@@ -19,12 +19,12 @@ from swmcli.names import bad_name
 
 def parse_mapping(pairs: list[str] | None) -> dict[str, str]:
     """``["observation.image=pixels", ...]`` -> ``{"observation.image": "pixels"}``; an empty
-    DST (``SRC=``) leaves the column out."""
+    KEY (``COLUMN=``) leaves the column out."""
     mapping = {}
     for pair in pairs or []:
         source, sep, target = pair.partition("=")
         if not sep or not source.strip():
-            raise UsageError(f"--map takes SRC=DST, got {pair!r}", hint="e.g. --map rgb=pixels")
+            raise UsageError(f"--map takes COLUMN=KEY, got {pair!r}", hint="e.g. --map rgb=pixels")
         mapping[source.strip()] = target.strip()
     return mapping
 
@@ -51,7 +51,7 @@ def map_columns(
         if key in names or key in INDEX_COLUMNS:
             raise UsageError(
                 f"{name!r} and {names.get(key, 'the index')!r} both map to {key!r}",
-                hint="give one of them another name with --map SRC=DST (SRC= leaves it out)",
+                hint="give one of them another name with --map COLUMN=KEY (COLUMN= leaves it out)",
             )
         names[key] = name
     if not names:

@@ -67,8 +67,8 @@ def restore(env, state: np.ndarray, goal_state: np.ndarray, seed: int):
 
 def reached(env, terminated: bool, info: dict, goal_state: np.ndarray) -> bool:
     """Whether the agent and the T are at ``goal_state`` (stable-worldmodel's Push-T criterion)."""
-    agent, block, angle = goal_distances(env.unwrapped.get_obs(), goal_state)
-    return bool(np.hypot(agent, block) < SUCCESS_DISTANCE and angle < SUCCESS_ANGLE)
+    agent, tee, angle = goal_distances(env.unwrapped.get_obs(), goal_state)
+    return bool(np.hypot(agent, tee) < SUCCESS_DISTANCE and angle < SUCCESS_ANGLE)
 
 
 def goal_distances(state: np.ndarray, goal_state: np.ndarray) -> tuple[float, float, float]:
@@ -86,19 +86,19 @@ def goal_distances(state: np.ndarray, goal_state: np.ndarray) -> tuple[float, fl
 
 def goal_asks(state: np.ndarray, goal_state: np.ndarray) -> str:
     """What a goal asks from ``state``: "agent alone" (the T already within the success
-    distance and angle of its goal pose) or "block must move"."""
-    _, block, angle = goal_distances(state, goal_state)
-    at_goal = block < SUCCESS_DISTANCE and angle < SUCCESS_ANGLE
-    return "agent alone" if at_goal else "block must move"
+    distance and angle of its goal pose) or "T must move"."""
+    _, tee, angle = goal_distances(state, goal_state)
+    at_goal = tee < SUCCESS_DISTANCE and angle < SUCCESS_ANGLE
+    return "agent alone" if at_goal else "T must move"
 
 
-def block_centre(state: np.ndarray) -> np.ndarray:
+def t_centre(state: np.ndarray) -> np.ndarray:
     """The T's centre of gravity in the arena, from its body origin and angle."""
     x, y, angle = float(state[2]), float(state[3]), float(state[4])
     return np.array([x - CENTRE_OFFSET * np.sin(angle), y + CENTRE_OFFSET * np.cos(angle)])
 
 
-def pusher(env, seed: int, noise: float = 0.3):
+def pusher(env, seed: int, noise: float):
     """``--policy expert`` on gym-pusht: observation -> action in [-1, 1]^2 (see the module).
 
     ``noise`` scales the target noise (0.3, the TwoRoom expert's default, gives ``TARGET_NOISE``
@@ -110,7 +110,7 @@ def pusher(env, seed: int, noise: float = 0.3):
 
     def act(observation: dict) -> np.ndarray:
         state = np.asarray(observation["state"], np.float64)
-        agent, centre = state[:2], block_centre(state)
+        agent, centre = state[:2], t_centre(state)
         if plan["direction"] is None:
             turn = rng.uniform(0, 2 * np.pi)
             plan["direction"] = np.array([np.cos(turn), np.sin(turn)])
@@ -134,11 +134,11 @@ def pusher(env, seed: int, noise: float = 0.3):
 
 
 def _around(agent: np.ndarray, centre: np.ndarray, line_up: np.ndarray) -> np.ndarray:
-    """The next target on the way to ``line_up`` that keeps clear of the block: straight there
+    """The next target on the way to ``line_up`` that keeps clear of the T: straight there
     when the T is not in between, else sideways round it."""
     to_goal = line_up - agent
-    to_block = centre - agent
-    along = float(np.dot(to_block, to_goal)) / max(float(np.dot(to_goal, to_goal)), 1e-9)
+    to_t = centre - agent
+    along = float(np.dot(to_t, to_goal)) / max(float(np.dot(to_goal, to_goal)), 1e-9)
     closest = agent + np.clip(along, 0.0, 1.0) * to_goal
     if np.linalg.norm(closest - centre) >= CLEARANCE * 0.8:
         return line_up

@@ -105,7 +105,7 @@ class LiveTensorBytes:
     """Live and peak bytes of tensor storages, seen through a torch dispatch mode.
 
     Every storage an operator reads or returns is counted once until it is freed, so the peak is
-    the most tensor memory alive at once inside the tracked block (a CPU stand-in for
+    the most tensor memory alive at once inside the tracked span (a CPU stand-in for
     ``torch.cuda.max_memory_allocated``). Works on real and on fake tensors.
     """
 
@@ -115,7 +115,7 @@ class LiveTensorBytes:
         self.live = 0
         self.peak = 0
         self._mode = None
-        # before __enter__ too: track_tensor counts parameters and batches made outside the block
+        # before __enter__ too: track_tensor counts parameters and batches made outside the span
         self._seen = WeakIdKeyDictionary()
 
     def _track(self, storage) -> None:
@@ -131,7 +131,7 @@ class LiveTensorBytes:
         self.live -= nbytes
 
     def track_tensor(self, tensor) -> None:
-        """Count a tensor made outside the tracked block (parameters, a batch) as live."""
+        """Count a tensor made outside the tracked span (parameters, a batch) as live."""
         self._track(tensor.untyped_storage())
 
     def __enter__(self) -> "LiveTensorBytes":
@@ -185,8 +185,8 @@ class MemoryMonitor:
 
     @contextmanager
     def phase(self, name: str, track_tensors: bool | None = None) -> Iterator[None]:
-        """Measure the block as phase ``name``; ``track_tensors`` overrides the monitor's choice
-        (off for a block that traces fake tensors of its own)."""
+        """Measure the ``with`` body as phase ``name``; ``track_tensors`` overrides the monitor's
+        choice (off for a body that traces fake tensors of its own)."""
         self.report.cuda = cuda_status()
         use_cuda = self.report.cuda == "cuda"
         torch = sys.modules.get("torch")

@@ -7,7 +7,7 @@ against the data's ``state`` key: each value over its unit (``model.state_units`
 (``model.state_angles``) as its cosine and sine over its unit, so a turn of 2 pi is no distance
 and a small turn of one unit is a distance of about one. With the success region's size as the
 units, the planner's squared distance over these values is the success criterion's own
-(gym-pusht: ``(agent^2 + block^2) / 20^2 + (angle / (pi/9))^2`` near the goal). Planning still
+(gym-pusht: ``(agent^2 + T^2) / 20^2 + (angle / (pi/9))^2`` near the goal). Planning still
 sees only pixels (and the agent's state with ``model.proprio``): the recorded state is a training
 target, never an input.
 """

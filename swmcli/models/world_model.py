@@ -15,7 +15,7 @@ the frame's latent, so the predictor predicts it too and the planner's cost sees
 (``proprio_dims``, its trailing part, weighted by ``eval.proprio_weight``).
 
 With ``model.reconstruction_weight``, a decoder (the encoder mirrored) draws each frame back from
-its latent during training, so the latent must hold all the frame shows (Push-T's block as well
+its latent during training, so the latent must hold all the frame shows (Push-T's T as well
 as the agent); planning never decodes.
 
 With ``model.state_weight``, the latent's first values are the env's recorded state read from the

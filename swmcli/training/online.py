@@ -48,7 +48,7 @@ class OnlineFeed:
         if cfg.online.policy == "planner":
             _check_plannable(self.env, cfg.env.id)
         else:  # refuses a policy the env cannot run
-            make_policy(cfg.online.policy, self.env, self.seed)
+            make_policy(cfg.online.policy, self.env, self.seed, noise=cfg.collect.noise)
         self.model = self.runner = None  # what --policy planner plans with (``plan_with``)
         self.action_dim = action_dim_of(self.env)
         self.max_steps = cfg.online.max_steps
@@ -109,7 +109,8 @@ class OnlineFeed:
                 if self.cfg.online.policy == "planner":
                     policy = NoisyPlanner(self.model, self.runner, self.cfg, self.env, seed)
                 else:
-                    policy = make_policy(self.cfg.online.policy, self.env, seed)
+                    noise = self.cfg.collect.noise  # the expert's, as in `swm collect`
+                    policy = make_policy(self.cfg.online.policy, self.env, seed, noise=noise)
                 self._episode = episode_rows(self.env, policy, self.action_dim, seed=seed)
             row = next(self._episode, None)
             if row is None:

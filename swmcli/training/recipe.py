@@ -1,5 +1,6 @@
 """The recipe of a run: the model it trains and the optimizer that trains it, as ``swm train``
-builds them and ``swm memprofile`` traces them.
+builds them; ``swm memprofile`` traces the same parts (``build_model``, ``freeze_parts``, the
+techniques, ``make_optimizer``) for every variant it predicts.
 
 ``model_to_train`` is the world model (``models.interface.build_model``: swm's JEPA or
 ``model.factory``'s), seeded by ``train.seed``, its ``train.freeze`` parts frozen and its memory
@@ -22,7 +23,6 @@ from swmcli.models.interface import Objective, build_model, model_args
 from swmcli.training import distributed
 from swmcli.training.techniques import (
     InBackwardOptimizer,
-    check_combination,
     checkpoint_activations,
     comma_names,
     shard,
@@ -32,7 +32,6 @@ from swmcli.training.techniques import (
 def model_to_train(cfg: SwmConfig, metadata: dict[str, Any]) -> nn.Module:
     """The world model for this config and dataset (swm's or ``model.factory``'s, seeded by
     ``train.seed``), its ``train.freeze`` parts frozen, its memory techniques on."""
-    check_combination(cfg)
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, model_args(cfg, metadata))
     if cfg.train.freeze:

@@ -1,6 +1,7 @@
 """A run directory before a run writes into it: the config the run trains with, the checks
-that keep a run from writing over a trained run, a dataset or someone else's files, and what a
-resume may change of the run (``RESUMABLE``).
+that keep a run from writing over a trained run, a dataset or someone else's files, what a
+resume may change of the run (``RESUMABLE``), and the writer lock under which a run that fails
+before its first checkpoint leaves the directory as it found it.
 
 A run directory holds ``config.json`` (the resolved config: ``swm eval RUN_DIR`` and ``swm
 memprofile --run`` need nothing else), ``checkpoint.pt`` (``checkpoints``), ``metrics.jsonl`` and
@@ -19,9 +20,10 @@ from swmcli.data.storage import location
 from swmcli.data.storage.lock import run_lock
 from swmcli.errors import SwmError, UsageError
 from swmcli.models.interface import portable_factory
-from swmcli.report import info
+from swmcli.report import info, warn
 from swmcli.training import checkpoints
-from swmcli.training.metrics import METRICS_FILE
+from swmcli.training.loggers import TENSORBOARD_DIR, WANDB_ID_FILE
+from swmcli.training.metrics import LOSS_CURVE_FILE, METRICS_FILE
 from swmcli.training.sources import env_of_training_data
 
 
@@ -42,7 +44,7 @@ def run_config(cfg: config.SwmConfig, resume: bool, world) -> config.SwmConfig:
             f"{run_dir} already holds a trained run",
             hint="pass --resume to continue it, or --out for a new run directory",
         )
-    if not resume and any(run_dir.glob("*")) and not (run_dir / config.CONFIG_FILE).exists():
+    if not resume and any(run_dir.glob("*")) and not _holds_a_run_config(run_dir):
         raise UsageError(
             f"--out {run_dir} is a directory that is not a swm run; its files would be overwritten",
             hint="pass a new or empty directory for the run",
@@ -74,11 +76,11 @@ def run_config(cfg: config.SwmConfig, resume: bool, world) -> config.SwmConfig:
 
 #: What ``swm train --resume`` may change: how the run executes and how far it goes, not what it
 #: trains (``data.path`` may move: the data's fingerprint must still match).
-RESUMABLE = ("runtime.", "train.steps", "train.out", "train.checkpoint_every", "train.log_every")
-RESUMABLE += ("train.loggers",)
-RESUMABLE += ("data.path", "data.in_memory", "data.num_workers", "data.worker_kind")
-RESUMABLE += ("data.cache_dir",)
-RESUMABLE += ("data.prefetch_factor", "data.ram_budget", "data.ram_share")
+RESUMABLE = (
+    "runtime.", "train.steps", "train.out", "train.checkpoint_every", "train.log_every",
+    "train.loggers", "data.path", "data.in_memory", "data.num_workers", "data.worker_kind",
+    "data.cache_dir", "data.prefetch_factor", "data.ram_budget", "data.ram_share",
+)  # fmt: skip
 
 
 def check_resume(saved: config.SwmConfig, cfg: config.SwmConfig) -> None:
@@ -112,6 +114,15 @@ def resumable_items(cfg: config.SwmConfig) -> list[str]:
     ]
 
 
+def _holds_a_run_config(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a swm run's ``config.json`` (another tool's is not one)."""
+    try:
+        config.load_run_config(run_dir)
+    except SwmError:
+        return False
+    return True
+
+
 def _is_dataset(path: Path) -> bool:
     try:
         detect(path)
@@ -131,73 +142,75 @@ def stopped_after(step: int, run_dir: Path, world) -> None:
     )
 
 
-# The files a run writes into its directory before its first checkpoint.
-_EARLY_FILES = (config.CONFIG_FILE, METRICS_FILE, checkpoints.DATA_FINGERPRINT_FILE)
+# What a run writes into its directory before its first checkpoint: the only names a failed
+# run removes, or puts back as they were.
+_RUN_FILES = (config.CONFIG_FILE, checkpoints.DATA_FINGERPRINT_FILE, METRICS_FILE,
+              LOSS_CURVE_FILE, WANDB_ID_FILE)  # fmt: skip
+_RUN_FOLDERS = (TENSORBOARD_DIR, "wandb")
 
 
 @contextmanager
 def held_until_checkpointed(run_dir: Path, writes: bool) -> Iterator[None]:
     """The run directory's writer lock, held by the process that ``writes`` it (rank 0), and
-    the file system as it was if the run fails before its first checkpoint: a run directory this
-    run made is removed, an untrained one that was there gets back what it held (what the run
-    added removed, its files as they were), under the lock; the lock file goes, and then the
-    empty folders this run made above the directory. A run with a checkpoint (resumed, or past
-    its first) is kept whatever happens, and a path that is no run directory (a file, a
-    dataset, someone else's folder: ``run_config`` refuses them) is never touched."""
+    the file system as it was if the run fails before its first checkpoint: under the lock, the
+    files and folders a run writes (``_RUN_FILES``, ``_RUN_FOLDERS``) that it added are removed
+    and those it changed get their bytes back; then the folders this run made are removed where
+    they are left empty. Nothing else in or around the directory is touched, and a run with a
+    checkpoint (resumed, or past its first) is kept whatever happens."""
     if not writes:
         yield
         return
     run_dir = Path(run_dir).resolve()
     made = next((p for p in reversed((run_dir, *run_dir.parents)) if not p.exists()), None)
-    untrained = made is None and _untrained_run(run_dir)
-    before = _entries(run_dir) if untrained else {}
     try:
         with run_lock(run_dir):
+            before = _run_files(run_dir)
             try:
                 yield
             except BaseException:
-                if (made or untrained) and not checkpoints.checkpoint_path(run_dir).exists():
-                    _put_back(run_dir, made, before)
+                if not checkpoints.checkpoint_path(run_dir).exists():
+                    _put_back(run_dir, before)
                 raise
     except BaseException:
-        if made is not None and not run_dir.exists():
-            for folder in run_dir.parents:  # up to the first this run made, if left empty
-                if not folder.is_relative_to(made) or any(folder.iterdir()):
-                    break
-                folder.rmdir()
+        if made is not None:
+            _remove_empty(run_dir, made)
         raise
 
 
-def _untrained_run(run_dir: Path) -> bool:
-    """An empty folder, or one holding a run's config and no checkpoint: what a fresh run
-    writes into (and nothing else it is pointed at)."""
+def _run_files(run_dir: Path) -> dict[str, bytes | None]:
+    """The run's own entries in ``run_dir``: each file's bytes (small: a config, a log, a
+    fingerprint), None for a folder."""
     if not run_dir.is_dir() or _is_dataset(run_dir):
-        return False
-    if checkpoints.checkpoint_path(run_dir).exists():
-        return False
-    return not any(run_dir.iterdir()) or (run_dir / config.CONFIG_FILE).is_file()
+        return {}
+    found = {name: (run_dir / name).read_bytes() for name in _RUN_FILES
+             if (run_dir / name).is_file()}  # fmt: skip
+    return found | {name: None for name in _RUN_FOLDERS if (run_dir / name).is_dir()}
 
 
-def _entries(run_dir: Path) -> dict[str, bytes | None]:
-    """The name of each entry of an untrained run directory, with the bytes of the run's own
-    early files (small: a config, a metrics log, a data fingerprint)."""
-    return {
-        p.name: p.read_bytes() if p.name in _EARLY_FILES and p.is_file() else None
-        for p in run_dir.iterdir()
-    }
+def _put_back(run_dir: Path, before: dict[str, bytes | None]) -> None:
+    """The run's own entries of ``run_dir`` as they were ``before`` a run that failed; one that
+    cannot be put back is said, never raised over the run's own error."""
+    for name in (*_RUN_FILES, *_RUN_FOLDERS):
+        path = run_dir / name
+        try:
+            if name in before:
+                if before[name] is not None and path.read_bytes() != before[name]:
+                    path.write_bytes(before[name])
+            elif path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+        except OSError as error:
+            warn(f"could not put back {path} after the failed run: {error}")
 
 
-def _put_back(run_dir: Path, made: Path | None, before: dict[str, bytes | None]) -> None:
-    """``run_dir`` as it was before a run that failed: gone if the run made it, else without
-    the entries the run added and with its early files' bytes as they were."""
-    if made is not None:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return
-    for path in run_dir.iterdir():
-        if path.name in before:
-            if before[path.name] is not None and path.read_bytes() != before[path.name]:
-                path.write_bytes(before[path.name])
-        elif path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)  # a logger's folder (tensorboard/)
-        else:
-            path.unlink()
+def _remove_empty(run_dir: Path, made: Path) -> None:
+    """The folders from ``run_dir`` up to ``made`` (the first this run made), each removed if
+    left empty; the first that is not stops it."""
+    for folder in (run_dir, *run_dir.parents):
+        if not folder.is_relative_to(made):
+            return
+        try:
+            folder.rmdir()
+        except OSError:  # not empty, not there, or not ours to remove
+            return

@@ -1,6 +1,6 @@
 """Push-T's world model in the success criterion's units: the T's pose read from the frame by a
 CNN, the agent's state given, the next state predicted in the T's own frame (preset
-``pusht-state-64``; docs/bring-your-env.md, "A preset that plans from the T it reads").
+``pusht-state-64``; its figures: docs/reports/pusht.md, "pusht-state-64").
 
 A latent is gym-pusht's state as the success criterion weighs it: ``[agent x, y, T x, y] / 20
 px``, the T's angle as ``[cos, sin] / (pi/9)``, then the agent's velocity over 400 px/s, which

@@ -80,7 +80,7 @@ class MinariExport:
         if missing:
             raise UsageError(
                 f"a Minari dataset holds actions, rewards and flags: no {', '.join(missing)} here",
-                hint="keep them (--keys), or name the columns that hold them with --map SRC=KEY",
+                hint="keep them (--keys), or name the columns that hold them with --map COLUMN=KEY",
             )
         self._observations = [key for key in schema if key != "action" and key not in _STEPS]
         if not self._observations:

@@ -5,7 +5,7 @@ ours to claim); ``open_reader(path, mapping)`` returns a ``ForeignReader``: one 
 *source* (one small module per tool family: ``upstream`` for stable-worldmodel's Lance and HDF5,
 ``minari``) that already yields rows in swm's convention (row t = observation t, the reward and
 flags of arriving there, the action taken from it; the last row's action NaN). The front renames
-the source's columns to swm's keys (``mapping``, overridable with ``--map SRC=DST``) and states
+the source's columns to swm's keys (``mapping``, overridable with ``--map COLUMN=KEY``) and states
 in its metadata what it found: the format, the alignment convention and what was done about it,
 the codec and whether frames are lossy, and which columns were left out and why.
 

@@ -99,7 +99,7 @@ def _check_column_names(schema) -> None:
     if dotted:
         raise UsageError(
             f"a Lance dataset takes no '.' in a key: {', '.join(map(repr, dotted))}",
-            hint="name it without '.' (--map SRC=NAME), or write HDF5 (an .h5 destination)",
+            hint="name it without '.' (--map COLUMN=NAME), or write HDF5 (an .h5 destination)",
         )
 
 
@@ -220,6 +220,13 @@ class LanceReader:
         fields = self._dataset.schema
         images = [key for key, (_, shape) in self.keys.items() if is_image(shape)]
         codecs = {key: _codec_of(fields.field(key)) for key in images}
+        if unnamed := [key for key, codec in codecs.items() if codec is None]:
+            self.close()
+            raise DatasetError(
+                f"{self.path}: the image column(s) {', '.join(unnamed)} record no codec: the "
+                "dataset was not written by swm, or its schema is damaged",
+                hint="restore the dataset from a copy or collect it again",
+            )
         unknown = {k: c for k, c in codecs.items() if c != LZ4_FRAME}
         if unknown:
             self.close()

@@ -2,7 +2,7 @@
 
 How plainly does a Push-T run's latent hold the block? Probes of the recorded state.
 
-    PYTHONPATH=. python experiments/block_probe.py RUN [RUN ...] [--every 4]
+    PYTHONPATH=. python experiments/pose_probe.py RUN [RUN ...] [--every 4]
 
 Encodes every ``--every``-th frame of the run's dataset with the run's encoder (the image part
 of the latent only: the agent's state, where the model takes it, left out) and reads the
@@ -73,8 +73,8 @@ def probe(run: Path, every: int, sets: list[str], frames: bool = False) -> dict[
     )
     return {
         "agent position": tuple(_position_error(guess, truth, 0) for guess in guesses),
-        "block position": tuple(_position_error(guess, truth, 2) for guess in guesses),
-        "block angle": tuple(_angle_error(guess, truth) for guess in guesses),
+        "T position": tuple(_position_error(guess, truth, 2) for guess in guesses),
+        "T angle": tuple(_angle_error(guess, truth) for guess in guesses),
     }
 
 
@@ -137,7 +137,7 @@ def main() -> None:
     torch.set_num_threads(1)
     table = Table(title="held-out probes: linear / nearest / always the mean")
     table.add_column("run")
-    for target in ("agent position (px)", "block position (px)", "block angle (deg)"):
+    for target in ("agent position (px)", "T position (px)", "T angle (deg)"):
         table.add_column(target, justify="right")
     rows = [(str(run), probe(run, args.every, args.sets)) for run in args.runs]
     if args.frames:
