@@ -27,7 +27,7 @@ from swmcli.data.foreign.reader import ForeignReader
 from swmcli.data.formats import open_reader, open_writer, resolve_format
 from swmcli.data.storage.checksums import check_episode
 from swmcli.data.storage.location import Location, as_location
-from swmcli.data.storage.schema import AGREEING_METADATA, WRITER_METADATA
+from swmcli.data.storage.schema import AGREEING_METADATA, WRITER_METADATA, metadata_conflict
 from swmcli.errors import UsageError
 
 Order = list[tuple[int, int]]  # (source, episode of that source) for each episode written
@@ -150,15 +150,14 @@ def _check_alike(sources: Sequence[Location], readers: Sequence) -> None:
     record it), or whose keys, dtypes or shapes, differ from the first's."""
     first, first_reader = sources[0], readers[0]
     for source, reader in zip(sources[1:], readers[1:], strict=True):
-        for field in AGREEING_METADATA:
-            mine, theirs = first_reader.metadata.get(field), reader.metadata.get(field)
-            if mine is not None and theirs is not None and _json(mine) != _json(theirs):
-                raise UsageError(
-                    f"{first} and {source} differ in {field}: {mine} in the first, {theirs} in "
-                    "the second",
-                    hint="merge datasets of one env, resolution and action size (`swm info` "
-                    "shows each one's)",
-                )
+        if conflict := metadata_conflict(first_reader.metadata, reader.metadata):
+            field, mine, theirs = conflict
+            raise UsageError(
+                f"{first} and {source} differ in {field}: {mine} in the first, {theirs} in the "
+                "second",
+                hint="merge datasets of one env, resolution and action size (`swm info` shows "
+                "each one's)",
+            )
         for key in dict.fromkeys([*first_reader.keys, *reader.keys]):
             mine, theirs = first_reader.keys.get(key), reader.keys.get(key)
             if mine != theirs:

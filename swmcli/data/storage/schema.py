@@ -178,15 +178,25 @@ _STORED_HINT = "the dataset is damaged (schema and data disagree): restore it or
 AGREEING_METADATA = ("env_id", "resolution", "action_dim")
 
 
+def metadata_conflict(first: Mapping[str, Any], second: Mapping[str, Any]):
+    """The first of ``AGREEING_METADATA`` that both record and that differs, as ``(field,
+    first's value, second's value)``; None when they agree."""
+    for key in AGREEING_METADATA:
+        mine, theirs = first.get(key), second.get(key)
+        recorded = mine is not None and theirs is not None
+        if recorded and json.dumps(mine, sort_keys=True) != json.dumps(theirs, sort_keys=True):
+            return key, mine, theirs
+    return None
+
+
 def check_metadata(existing: Mapping[str, Any], user: Mapping[str, Any], where: Path) -> None:
     """Refuse appending episodes of another env / resolution / action dim."""
-    for key in AGREEING_METADATA:
-        new, old = user.get(key), existing.get(key)
-        if new is not None and old is not None and json.dumps(new) != json.dumps(old):
-            raise UsageError(
-                f"{where} holds {key} {old}, not {new}",
-                hint="write to a new path (--out), or delete the old dataset first",
-            )
+    if conflict := metadata_conflict(existing, user):
+        key, old, new = conflict
+        raise UsageError(
+            f"{where} holds {key} {old}, not {new}",
+            hint="write to a new path (--out), or delete the old dataset first",
+        )
 
 
 def is_image(shape: tuple[int, ...]) -> bool:
