@@ -258,6 +258,45 @@ def info(
 
 
 @command(
+    "preview",
+    "swm preview data/tiny.lance",
+    "swm preview data/tworoom.h5 --episodes 8 --seed 1 --grid",
+    "swm preview data/tworoom.lance --index 0,7 --gif --out previews/tworoom",
+    "swm preview tests/fixtures/lerobot/dots --episodes 1",
+)
+def preview(
+    path: Annotated[str, typer.Argument(help="a dataset: swm's or another tool's (path or s3://)")],
+    episodes: Annotated[
+        int | None, typer.Option(help="episodes drawn at random (default 4)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="seed of the episodes drawn")] = 0,
+    index: Annotated[
+        str | None, typer.Option(help="comma-separated episode numbers, instead of a draw")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="folder of the videos (default: previews/DATASET_NAME)")
+    ] = None,
+    gif: Annotated[bool, typer.Option("--gif", help="write GIFs instead of MP4s")] = False,
+    grid: Annotated[
+        bool, typer.Option("--grid", help="one video of every episode in a grid")
+    ] = False,
+    fps: Annotated[int, typer.Option(help="frames a second")] = 10,
+    map_: MapOption = None,
+    as_json: Json = False,
+) -> None:
+    """Watch a dataset: a sample of its episodes as videos, every pixel key side by side, the
+    step and the action under each frame."""
+    from swmcli.commands.preview import run_preview
+
+    name = Path(path.rstrip("/")).name.split(".")[0] or "dataset"
+    with reported(as_json) as job:
+        job.result = run_preview(
+            path, out or Path("previews") / name, episodes=episodes, seed=seed, index=index,
+            gif=gif, as_grid=grid, fps=fps, mapping=map_, monitor=job.monitor,
+        )  # fmt: skip
+
+
+@command(
     "train",
     "swm train --preset tiny",
     "swm train --bf16 --compile",
