@@ -344,12 +344,19 @@ def train(
     "swm eval runs/tworoom-64 --protocol random-goal --samples 300 --iterations 10",
     "swm eval runs/tworoom-64 --set eval.noise_beta=2 --set eval.cost=trajectory --json",
     "swm eval runs/gpu24-224-bf16 --bf16 --compile --json",
+    "swm eval runs/tiny --video",
     default_note="the run's setting",  # eval starts from the run's saved config
     sources=(),
 )
 def eval_(
     run_dir: Annotated[Path, typer.Argument(help="a run directory written by swm train")],
     set_: Sets = None,
+    video: Annotated[
+        bool,
+        typer.Option(
+            "--video", help="each planned episode as an MP4 beside its goal (RUN_DIR/eval/videos)"
+        ),
+    ] = False,
     as_json: Json = False,
     **options: Any,
 ) -> None:
@@ -364,7 +371,7 @@ def eval_(
     with reported(as_json, track_tensors=True) as job:
         check_eval_changes(settings, set_)
         cfg = load_run_config(run_dir, settings, set_)
-        job.result = run_eval(run_dir, job.monitor, cfg)
+        job.result = run_eval(run_dir, job.monitor, cfg, video=video)
 
 
 @command(

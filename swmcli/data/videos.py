@@ -66,8 +66,9 @@ def text_strip(width: int, lines: list[tuple[str, tuple]]) -> np.ndarray:
     return np.asarray(strip)
 
 
-def plot_strip(width: int, series: list[tuple[np.ndarray, np.ndarray, tuple]], now: int,
-               last: int, title: str) -> np.ndarray:
+def plot_strip(
+    width: int, series: list[tuple[np.ndarray, np.ndarray, tuple]], now: int, last: int, title: str
+) -> np.ndarray:
     """A ``PLOT_HEIGHT`` strip: each ``(x, y, colour)`` series as a line over x in ``0..last``,
     a grey cursor at x = ``now``, ``title`` and the y range in its corner."""
     from PIL import Image, ImageDraw
