@@ -297,6 +297,26 @@ def preview(
 
 
 @command(
+    "envs",
+    "swm envs",
+    "swm envs 'CartPole*'",
+    "swm envs --json",
+)
+def envs(
+    pattern: Annotated[
+        str | None, typer.Argument(help="only ids matching this shell pattern, e.g. 'swm/*'")
+    ] = None,
+    as_json: Json = False,
+) -> None:
+    """List the envs --env accepts (swm's, gymnasium's registry, installed plugins): their
+    spaces, their frame size, and whether each renders here (why not, when it does not)."""
+    from swmcli.commands.catalog import run_envs
+
+    with reported(as_json) as job:
+        job.result = run_envs(pattern, monitor=job.monitor)
+
+
+@command(
     "train",
     "swm train --preset tiny",
     "swm train --bf16 --compile",
