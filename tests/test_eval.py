@@ -25,6 +25,7 @@ from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.runner import make_runner
 from swmcli.models.world_model import build_jepa
 from swmcli.planning.episodes import run_episodes
+from swmcli.planning.plan_videos import FPS, HOLD_SECONDS
 from swmcli.planning.planners import (
     PLANNERS,
     PlannerSettings,
@@ -423,3 +424,16 @@ def test_the_plan_or_model_benchmark_costs_every_start_row_under_the_model_and_i
     line = next(line for line in done.stdout.splitlines() if line.startswith("the recorded"))
     distances = [float(value) for value in line.split(": ")[-1].split(", ")]
     assert len(distances) == 3 and distances[-1] < 1e-6 < distances[0]
+
+
+def test_eval_video_writes_each_planned_episode(tiny_run):
+    av = pytest.importorskip("av", reason="PyAV (the video extra) writes the videos")
+    flags = {"eval.episodes": 2, "eval.step_budget": 3}
+    result = run_eval(tiny_run, MemoryMonitor(), _with(tiny_run, flags), video=True)
+    videos = result.fields["videos"]
+    assert [Path(v).name for v in videos] == ["episode_1.mp4", "episode_2.mp4"]
+    with av.open(videos[0]) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    steps = len(frames) - FPS * HOLD_SECONDS  # the last frame is held
+    assert 1 <= steps <= 4 and frames[0].shape[1] >= 2 * 128  # the frame beside the goal
+    assert not np.array_equal(frames[0], frames[-1])
