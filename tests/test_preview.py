@@ -54,7 +54,7 @@ def two_cameras(tmp_path_factory) -> Path:
             length = 5 + episode
             pixels = np.zeros((length, 16, 16, 3), np.uint8)
             for step in range(length):
-                pixels[step, 2 : 6, step : step + 4] = 255
+                pixels[step, 2:6, step : step + 4] = 255
             writer.write_episode({
                 "pixels": pixels,
                 "wrist": pixels[:, ::-1].copy(),
@@ -114,8 +114,14 @@ def test_planned_episode_video_shows_the_decoded_prediction(tiny_data, tmp_path)
     cfg = resolve_config(
         "tiny",
         flags={"data.path": tiny_data, "eval.episodes": 1, "eval.step_budget": 4},
-        sets=["model.reconstruction_weight=1", "eval.samples=4", "eval.iterations=1",
-              "eval.elites=2", "eval.keep_elites=1", "eval.horizon=2"],  # fmt: skip
+        sets=[
+            "model.reconstruction_weight=1",
+            "eval.samples=4",
+            "eval.iterations=1",
+            "eval.elites=2",
+            "eval.keep_elites=1",
+            "eval.horizon=2",
+        ],
     )
     shape = {"resolution": 32, "action_dim": 2, "frameskip": 1, "history_len": 3}
     model = build_jepa(cfg.model, resolution=32, action_dim=2, frameskip=1, history_len=3)
