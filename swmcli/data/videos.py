@@ -161,6 +161,8 @@ class VideoWriter:
             self._stream.width, self._stream.height = (width, height) if self.gif else (
                 width + width % 2, height + height % 2)  # fmt: skip
             self._stream.pix_fmt = "rgb8" if self.gif else "yuv420p"
+            if not self.gif:  # no lookahead: x264 holds a few frames, not forty
+                self._stream.options = {"tune": "zerolatency"}
         frame = self._fitted(frame)
         packets = self._stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24"))
         self._container.mux(packets)
