@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from swmcli.cli import app
 from swmcli.config import resolve_config
 from swmcli.data.formats import open_reader, open_writer
+from swmcli.data.videos import VideoWriter
 from swmcli.models.runner import make_runner
 from swmcli.models.world_model import build_jepa
 from swmcli.planning.episodes import run_episodes
@@ -98,6 +99,18 @@ def test_preview_grid_gif_of_swm_lance(tiny_data, tmp_path):
     longest = max(int(reader.episode_lengths[e]) for e in out["episodes"])
     reader.close()
     _check_video(tmp_path / "grid.gif", longest)
+
+
+def test_gif_keeps_every_colour_of_flat_frames(tmp_path):
+    """GIF frames are paletted per frame: flat colours and text come back exactly."""
+    rng = np.random.default_rng(0)
+    colours = rng.integers(0, 256, (200, 3), dtype=np.uint8)
+    frames = [colours[rng.integers(0, 200, (12, 16))].repeat(8, 0).repeat(8, 1) for _ in range(3)]
+    with VideoWriter(tmp_path / "flat.gif", fps=5, gif=True) as video:
+        for frame in frames:
+            video.write(frame)
+    decoded = _frames(tmp_path / "flat.gif")
+    assert all(np.array_equal(a, b) for a, b in zip(decoded, frames, strict=True))
 
 
 def test_preview_refuses_bad_input_in_one_line(tiny_data, tmp_path, monkeypatch):

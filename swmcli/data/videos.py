@@ -132,6 +132,22 @@ def grid(tiles: list[np.ndarray], columns: int) -> np.ndarray:
     return canvas
 
 
+def _paletted(frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``frame`` as a GIF frame: indices into its own palette of at most 256 colours (PIL's
+    median cut, no dithering: swm's pictures are flat colours and text), and that palette as
+    PyAV takes it, ``(256, 4)`` ARGB."""
+    from PIL import Image
+
+    quantized = Image.fromarray(frame).quantize(
+        256, Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE
+    )
+    colours = np.asarray(quantized.getpalette(), np.uint8).reshape(-1, 3)
+    palette = np.zeros((256, 4), np.uint8)
+    palette[:, 0] = 255  # opaque
+    palette[: len(colours), 1:] = colours
+    return np.asarray(quantized), palette
+
+
 class VideoWriter:
     """Frames ``(H, W, 3)`` uint8 written one at a time into an MP4 (H.264, yuv420p) or a GIF.
 
@@ -160,11 +176,15 @@ class VideoWriter:
             self._stream = self._container.add_stream(codec, rate=self.fps)
             self._stream.width, self._stream.height = (width, height) if self.gif else (
                 width + width % 2, height + height % 2)  # fmt: skip
-            self._stream.pix_fmt = "rgb8" if self.gif else "yuv420p"
+            self._stream.pix_fmt = "pal8" if self.gif else "yuv420p"
             if not self.gif:  # no lookahead: x264 holds a few frames, not forty
                 self._stream.options = {"tune": "zerolatency"}
         frame = self._fitted(frame)
-        packets = self._stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24"))
+        if self.gif:
+            picture = av.VideoFrame.from_ndarray(_paletted(frame), format="pal8")
+        else:
+            picture = av.VideoFrame.from_ndarray(frame, format="rgb24")
+        packets = self._stream.encode(picture)
         self._container.mux(packets)
         self.frames += 1
 
