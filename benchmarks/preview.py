@@ -1,19 +1,20 @@
 """Time and peak memory of `swm preview` on a large dataset, next to `swm info` on the same one.
 
     python benchmarks/preview.py                         # 2,000 x 100 steps at 64x64: 200,000
-    python benchmarks/preview.py --episodes 40 --res 32  # a toy size (the test runs it)
+    python benchmarks/preview.py --episodes 20 --data data/preview-small.lance  # 2,000 steps
 
 Writes ``make_episode(seed)`` episodes of ``benchmarks/synth.py`` into a Lance dataset (kept in
 ``--data``, reused when it already holds them), then runs, each in a fresh process: ``swm info``
 (what opening the dataset costs: the baseline), ``swm preview --episodes 4`` (one MP4 per episode)
 and ``swm preview --episodes 16 --grid`` (one video of 16 episodes). Each row gives the seconds,
-the process's peak RSS (``wait4``'s ``ru_maxrss``) and what preview says it holds; the
-ratio column is each row's peak RSS over `swm info`'s, measured in the same run.
+the process's peak RSS (the largest ``host peak RSS`` of its own memory report: ``VmHWM``, which
+starts afresh at exec, where ``wait4``'s ``ru_maxrss`` would carry this script's RSS at the fork)
+and what preview says it holds; the ratio column is each row's peak RSS over `swm info`'s,
+measured in the same run.
 """
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -45,20 +46,17 @@ def dataset(path: Path, episodes: int, length: int, res: int) -> Path:
 def measured(args: list[str], out: Path) -> dict:
     """``swm ARGS --json`` in a fresh process: seconds, peak RSS, its JSON."""
     started = time.perf_counter()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "swmcli", *args, "--json"],
-        stdout=open(out, "w"),  # noqa: SIM115 (closed with the process)
-        stderr=subprocess.DEVNULL,
-    )
-    _, status, usage = os.wait4(child.pid, 0)
+    with open(out, "w") as stdout:
+        done = subprocess.run(
+            [sys.executable, "-m", "swmcli", *args, "--json"], stdout=stdout,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
     seconds = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status) != 0:
+    if done.returncode != 0:
         raise SystemExit(f"swm {' '.join(args)} failed")
-    return {
-        "seconds": seconds,
-        "peak_rss": usage.ru_maxrss * 1024,
-        "result": json.loads(out.read_text()),
-    }
+    result = json.loads(out.read_text())
+    peak = max(phase["host_peak_rss_bytes"] for phase in result["memory"]["phases"])
+    return {"seconds": seconds, "peak_rss": peak, "result": result}
 
 
 def main() -> None:
