@@ -437,3 +437,9 @@ def test_eval_video_writes_each_planned_episode(tiny_run):
     steps = len(frames) - FPS * HOLD_SECONDS  # the last frame is held
     assert 1 <= steps <= 4 and frames[0].shape[1] >= 2 * 128  # the frame beside the goal
     assert not np.array_equal(frames[0], frames[-1])
+
+    def framed(frame):  # colour down the right edge: the verdict's frame, whole
+        edge = frame[20:60, -8:].astype(int)
+        return (edge.max(-1) - edge.min(-1)).min(0).max() > 100
+
+    assert framed(frames[-1]) and not framed(frames[0])

@@ -21,6 +21,7 @@ from swmcli.data.videos import (
     BLUE,
     GREEN,
     RED,
+    WHITE,
     VideoWriter,
     plot_strip,
     side_by_side,
@@ -126,12 +127,13 @@ class EpisodeVideos:
         if predicted is not None:
             panels.append(("predicted (decoded)", predicted))
         ended = step == last
-        row = side_by_side(panels, border=(GREEN if success else RED) if ended else None)
+        # every frame framed (white until the end), so that the last one keeps their size
+        row = side_by_side(panels, border=(GREEN if success else RED) if ended else WHITE)
         width = row.shape[1]
-        plot = plot_strip(width, recorder.series(step), step, span,
-                          "latent distance to goal: seen (black), planned (blue)")  # fmt: skip
+        plot = plot_strip(width, recorder.series(step), step, span, "latent distance to goal")
         verdict = f"SUCCESS: goal reached in {last} steps" if success else "FAILURE"
         lines = [
+            ("black: seen   blue: planned", BLACK),  # the plot's legend, short: two panels wide
             (f"episode {number}   env step {step} / {last}", BLACK),
             (verdict if ended else "", GREEN if success else RED),  # the frame keeps its size
         ]
