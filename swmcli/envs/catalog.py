@@ -48,34 +48,43 @@ class EnvEntry:
 
 def env_catalog(pattern: str | None = None) -> list[EnvEntry]:
     """The envs whose id matches ``pattern`` (a shell pattern, e.g. ``CartPole*``; all when
-    None), swm's first, then each installed plugin's, then gymnasium's; each built once here.
-    A plugin that is not installed is one entry saying how to install it."""
+    None), swm's first, then each installed plugin's, then gymnasium's; each one matching built
+    once here. A plugin that is not installed is one entry saying how to install it."""
+
+    def wanted(name: str) -> bool:
+        return pattern is None or fnmatch.fnmatch(name, pattern)
+
     quiet_pygame()
-    entries, plugin_ids = [], set()
+    missing, plugin_ids = [], set()
+    named = [(TWOROOM_ID, "swm", TWOROOM_ID)]  # (as --env names it, source, registry id)
     for package, module, prefix, install in PLUGIN_PACKAGES:
         if importlib.util.find_spec(module) is None:
-            if pattern is None or fnmatch.fnmatch(prefix + "*", pattern):
-                entries.append(EnvEntry(f"{prefix}*", package, renders=f"not installed: {install}"))
+            row = EnvEntry(f"{module}:{prefix}*", package, renders=f"not installed: {install}")
+            missing += [row] if wanted(row.id) else []
             continue
-        importlib.import_module(module)  # registers its envs
+        with warnings.catch_warnings():  # its own notes on what it lacks: the rows say it
+            warnings.simplefilter("ignore")
+            importlib.import_module(module)  # registers its envs
         ids = [i for i in gym.envs.registry if i.startswith(prefix) and i != TWOROOM_ID]
         ids = [i for i in ids if gym.envs.registry[i].entry_point.split(".")[0].startswith(module)]
         plugin_ids.update(ids)
         # --env takes module:id, whose import registers the id
-        entries += [_built(f"{module}:{i}", package, i) for i in ids]
+        named += [(f"{module}:{i}", package, i) for i in ids]
     rest = [i for i in gym.envs.registry if i not in plugin_ids and i != TWOROOM_ID]
-    entries = [_built(TWOROOM_ID, "swm"), *entries, *(_built(i, "gymnasium") for i in rest)]
-    return [e for e in entries if pattern is None or fnmatch.fnmatch(e.id, pattern)]
+    named += [(i, "gymnasium", i) for i in rest]
+    built = [_built(name, source, env_id) for name, source, env_id in named if wanted(name)]
+    ours = [entry for entry in built if entry.source == "swm"]
+    return ours + missing + [entry for entry in built if entry.source != "swm"]
 
 
-def _built(name: str, source: str, env_id: str | None = None) -> EnvEntry:
-    """``name``'s entry (made as ``env_id``, default ``name``): spaces, frame size, renders."""
+def _built(name: str, source: str, env_id: str) -> EnvEntry:
+    """``name``'s entry (made as ``env_id``): spaces, frame size, renders."""
     entry = EnvEntry(name, source)
     env = None
     try:
         with _time_limit(BUILD_SECONDS), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            env = gym.make(env_id or name, render_mode="rgb_array")
+            env = gym.make(env_id, render_mode="rgb_array")
             entry.observation = space_words(env.observation_space)
             entry.action = space_words(env.action_space)
             env.reset(seed=0)
