@@ -374,6 +374,8 @@ def test_eval_on_an_env_without_goals_reports_open_loop_and_why_no_planning(tmp_
     assert "gives no goal image" in result.fields["no_planning_reason"]
     assert len(result.tables[0].rows) == 3  # the open-loop error is reported
     assert any("no planning result" in note for note in result.notes)
+    with pytest.raises(UsageError, match="--video: no planning result"):
+        run_eval(run_dir, MemoryMonitor(), video=True)
 
 
 def test_budget_defaults_to_twice_the_goal_offset_or_the_env_episode():

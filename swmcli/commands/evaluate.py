@@ -83,6 +83,8 @@ def _evaluate(run_dir: Path, cfg: SwmConfig, monitor, video: bool = False) -> Co
     shape = state["model_args"]
     _check_data_fits_model(cfg, shape, run_dir)
     no_goal = _why_no_planning(cfg, shape)
+    if video and no_goal is not None:  # asked for films of planned episodes: there are none
+        raise UsageError(f"--video: {no_goal}", hint="without --video: the open-loop error alone")
     with runner.inference(model), monitor.phase("warm-up"):
         _warm_up(model, shape, runner)
     with runner.inference(model), monitor.phase("open-loop error"):
