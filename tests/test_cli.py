@@ -156,6 +156,7 @@ def test_help_names_types_in_words_and_shows_defaults(command):
         ["eval", "nope_run"],
         ["memprofile", "--run", "nope_run"],
         ["collect", "--config", "nope.toml"],
+        ["preview", "nope.lance"],
     ],
 )
 def test_a_missing_path_is_a_usage_error_in_every_command(args, tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.runner import make_runner
 from swmcli.models.world_model import build_jepa
 from swmcli.planning.episodes import run_episodes
+from swmcli.planning.plan_videos import FPS, HOLD_SECONDS
 from swmcli.planning.planners import (
     PLANNERS,
     PlannerSettings,
@@ -373,6 +374,8 @@ def test_eval_on_an_env_without_goals_reports_open_loop_and_why_no_planning(tmp_
     assert "gives no goal image" in result.fields["no_planning_reason"]
     assert len(result.tables[0].rows) == 3  # the open-loop error is reported
     assert any("no planning result" in note for note in result.notes)
+    with pytest.raises(UsageError, match="--video: no planning result"):
+        run_eval(run_dir, MemoryMonitor(), video=True)
 
 
 def test_budget_defaults_to_twice_the_goal_offset_or_the_env_episode():
@@ -423,3 +426,22 @@ def test_the_plan_or_model_benchmark_costs_every_start_row_under_the_model_and_i
     line = next(line for line in done.stdout.splitlines() if line.startswith("the recorded"))
     distances = [float(value) for value in line.split(": ")[-1].split(", ")]
     assert len(distances) == 3 and distances[-1] < 1e-6 < distances[0]
+
+
+def test_eval_video_writes_each_planned_episode(tiny_run):
+    av = pytest.importorskip("av", reason="PyAV (the video extra) writes the videos")
+    flags = {"eval.episodes": 2, "eval.step_budget": 3}
+    result = run_eval(tiny_run, MemoryMonitor(), _with(tiny_run, flags), video=True)
+    videos = result.fields["videos"]
+    assert [Path(v).name for v in videos] == ["episode_1.mp4", "episode_2.mp4"]
+    with av.open(videos[0]) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    steps = len(frames) - FPS * HOLD_SECONDS  # the last frame is held
+    assert 1 <= steps <= 4 and frames[0].shape[1] >= 2 * 128  # the frame beside the goal
+    assert not np.array_equal(frames[0], frames[-1])
+
+    def framed(frame):  # colour down the right edge: the verdict's frame, whole
+        edge = frame[20:60, -8:].astype(int)
+        return (edge.max(-1) - edge.min(-1)).min(0).max() > 100
+
+    assert framed(frames[-1]) and not framed(frames[0])

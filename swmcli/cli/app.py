@@ -258,6 +258,65 @@ def info(
 
 
 @command(
+    "preview",
+    "swm preview data/tiny.lance",
+    "swm preview data/tworoom.h5 --episodes 8 --seed 1 --grid",
+    "swm preview data/tworoom.lance --index 0,7 --gif --out previews/tworoom",
+    "swm preview tests/fixtures/lerobot/dots --episodes 1",
+)
+def preview(
+    path: Annotated[str, typer.Argument(help="a dataset: swm's or another tool's (path or s3://)")],
+    episodes: Annotated[
+        int | None, typer.Option(help="episodes drawn at random (default 4)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="seed of the episodes drawn")] = 0,
+    index: Annotated[
+        str | None, typer.Option(help="comma-separated episode numbers, instead of a draw")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="folder of the videos (default: previews/DATASET_NAME)")
+    ] = None,
+    gif: Annotated[bool, typer.Option("--gif", help="write GIFs instead of MP4s")] = False,
+    grid: Annotated[
+        bool, typer.Option("--grid", help="one video of every episode in a grid")
+    ] = False,
+    fps: Annotated[int, typer.Option(help="frames a second")] = 10,
+    map_: MapOption = None,
+    as_json: Json = False,
+) -> None:
+    """Watch a dataset: a sample of its episodes as videos, every pixel key side by side, the
+    step and the action under each frame."""
+    from swmcli.commands.preview import run_preview
+
+    name = Path(path.rstrip("/")).name.split(".")[0] or "dataset"
+    with reported(as_json) as job:
+        job.result = run_preview(
+            path, out or Path("previews") / name, episodes=episodes, seed=seed, index=index,
+            gif=gif, as_grid=grid, fps=fps, mapping=map_, monitor=job.monitor,
+        )  # fmt: skip
+
+
+@command(
+    "envs",
+    "swm envs",
+    "swm envs 'CartPole*'",
+    "swm envs --json",
+)
+def envs(
+    pattern: Annotated[
+        str | None, typer.Argument(help="only ids matching this shell pattern, e.g. 'swm/*'")
+    ] = None,
+    as_json: Json = False,
+) -> None:
+    """List the envs --env accepts (swm's, gymnasium's registry, installed plugins): their
+    spaces, their frame size, and whether each renders here (why not, when it does not)."""
+    from swmcli.commands.catalog import run_envs
+
+    with reported(as_json) as job:
+        job.result = run_envs(pattern, monitor=job.monitor)
+
+
+@command(
     "train",
     "swm train --preset tiny",
     "swm train --bf16 --compile",
@@ -305,12 +364,19 @@ def train(
     "swm eval runs/tworoom-64 --protocol random-goal --samples 300 --iterations 10",
     "swm eval runs/tworoom-64 --set eval.noise_beta=2 --set eval.cost=trajectory --json",
     "swm eval runs/gpu24-224-bf16 --bf16 --compile --json",
+    "swm eval runs/tiny --video",
     default_note="the run's setting",  # eval starts from the run's saved config
     sources=(),
 )
 def eval_(
     run_dir: Annotated[Path, typer.Argument(help="a run directory written by swm train")],
     set_: Sets = None,
+    video: Annotated[
+        bool,
+        typer.Option(
+            "--video", help="each planned episode as an MP4 beside its goal (RUN_DIR/eval/videos)"
+        ),
+    ] = False,
     as_json: Json = False,
     **options: Any,
 ) -> None:
@@ -325,7 +391,7 @@ def eval_(
     with reported(as_json, track_tensors=True) as job:
         check_eval_changes(settings, set_)
         cfg = load_run_config(run_dir, settings, set_)
-        job.result = run_eval(run_dir, job.monitor, cfg)
+        job.result = run_eval(run_dir, job.monitor, cfg, video=video)
 
 
 @command(

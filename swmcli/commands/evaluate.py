@@ -26,6 +26,7 @@ from swmcli.data.clips import heldout_split
 from swmcli.data.formats import open_reader
 from swmcli.data.storage.lock import run_lock
 from swmcli.data.streaming import load_dataset
+from swmcli.data.videos import require_av
 from swmcli.envs.make import has_goal_image, make_env
 from swmcli.envs.plugins import check_restorable
 from swmcli.errors import UsageError
@@ -36,6 +37,7 @@ from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
 from swmcli.planning.episodes import run_episodes
 from swmcli.planning.goals import goal_episodes, wilson_interval
 from swmcli.planning.pictures import save_gif, save_strip
+from swmcli.planning.plan_videos import EpisodeVideos
 from swmcli.report import CommandResult, Table, info, warn
 from swmcli.training.checkpoints import checkpoint_path, load_checkpoint, restore_model
 from swmcli.training.loggers import check_installed, log_once
@@ -47,10 +49,13 @@ PLANNER_KEYS = ("horizon", "samples", "iterations", "elites", "keep_elites", "no
 PLANNER_KEYS += ("cost", "replan_every", "shrink_horizon")
 
 
-def run_eval(run_dir: Path, monitor, cfg: SwmConfig | None = None) -> CommandResult:
+def run_eval(
+    run_dir: Path, monitor, cfg: SwmConfig | None = None, video: bool = False
+) -> CommandResult:
     """Evaluate the run in ``run_dir`` (its config.json and checkpoint.pt) with ``cfg``: the
     run's saved config (the default), or that config with eval and runtime settings changed
-    (``config.load_run_config`` with flags, checked by ``config.check_eval_changes``).
+    (``config.load_run_config`` with flags, checked by ``config.check_eval_changes``); with
+    ``video``, each planned episode as an MP4 in ``RUN_DIR/eval/videos`` (``plan_videos``).
 
     Phases for the memory report: load, warm-up (compilation), open-loop error, then plan and
     random baseline when the env has goals.
@@ -58,11 +63,13 @@ def run_eval(run_dir: Path, monitor, cfg: SwmConfig | None = None) -> CommandRes
     run_dir = Path(run_dir)
     cfg = cfg if cfg is not None else load_run_config(run_dir)
     check_installed(cfg.train.loggers)
+    if video:
+        require_av("swm eval --video")
     with run_lock(run_dir):  # eval writes its pictures into the run: not while it trains
-        return _evaluate(run_dir, cfg, monitor)
+        return _evaluate(run_dir, cfg, monitor, video)
 
 
-def _evaluate(run_dir: Path, cfg: SwmConfig, monitor) -> CommandResult:
+def _evaluate(run_dir: Path, cfg: SwmConfig, monitor, video: bool = False) -> CommandResult:
     """``run_eval``'s work, with the run directory's writer lock held."""
     runner = make_runner(
         bf16=cfg.runtime.bf16, compile=cfg.runtime.compile, cpu_threads=cfg.runtime.cpu_threads
@@ -76,6 +83,8 @@ def _evaluate(run_dir: Path, cfg: SwmConfig, monitor) -> CommandResult:
     shape = state["model_args"]
     _check_data_fits_model(cfg, shape, run_dir)
     no_goal = _why_no_planning(cfg, shape)
+    if video and no_goal is not None:  # asked for films of planned episodes: there are none
+        raise UsageError(f"--video: {no_goal}", hint="without --video: the open-loop error alone")
     with runner.inference(model), monitor.phase("warm-up"):
         _warm_up(model, shape, runner)
     with runner.inference(model), monitor.phase("open-loop error"):
@@ -83,11 +92,17 @@ def _evaluate(run_dir: Path, cfg: SwmConfig, monitor) -> CommandResult:
     reaching = None
     if no_goal is None:
         episodes = _goal_episodes(cfg)
+        videos = EpisodeVideos(run_dir / EVAL_DIR / "videos", model, shape["frameskip"])
+        videos = videos if video else None
         with runner.inference(model), monitor.phase("plan"):
-            planned = run_episodes(model, cfg, runner, shape, episodes, monitor.stop_tracking)
+            planned = run_episodes(
+                model, cfg, runner, shape, episodes, monitor.stop_tracking, videos
+            )
         with monitor.phase("random baseline"):
             random = run_episodes(None, cfg, runner, shape, episodes)
         pictures = save_pictures(planned["recorded"], run_dir / EVAL_DIR, cfg.eval.planner)
+        if videos is not None:
+            pictures["videos"] = videos.written
         reaching = (planned, random, pictures)
     result = _result(run_dir, cfg, runner, state["step"], errors, reaching, no_goal)
     pictures = {"eval/strip": result.fields.get("strip")}

@@ -65,7 +65,7 @@ def make_env(
                 **(kwargs or {}),
             )
         else:
-            _quiet_pygame()
+            quiet_pygame()
             inner = gym.make(
                 env_id,
                 render_mode="rgb_array",
@@ -111,7 +111,7 @@ def remember_env_class(env) -> None:
             remember_user_file(inspect.getfile(type(env.unwrapped)))
 
 
-def _quiet_pygame() -> None:
+def quiet_pygame() -> None:
     """Envs drawn with pygame (gymnasium's classic control) initialise its display and audio,
     which print 'error: XDG_RUNTIME_DIR is invalid' on a machine without a desktop: swm draws
     off-screen (rgb_array), so they get SDL's dummy drivers unless the user chose others."""

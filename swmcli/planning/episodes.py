@@ -18,10 +18,17 @@ RECORDED_EPISODES = 3  # episodes drawn into the GIF and the strip
 
 
 def run_episodes(
-    model, cfg: SwmConfig, runner, shape: dict[str, int], episodes, first_done=lambda: None
+    model,
+    cfg: SwmConfig,
+    runner,
+    shape: dict[str, int],
+    episodes,
+    first_done=lambda: None,
+    videos=None,
 ) -> dict:
     """Play ``episodes`` (``GoalEpisode``s): planning with ``model``, or random actions when None;
-    ``first_done`` is called once the first has been played (memory tracking stops there).
+    ``first_done`` is called once the first has been played (memory tracking stops there);
+    ``videos`` (``plan_videos.EpisodeVideos``) writes each planned episode as a video.
 
     Returns per-episode ``success``, ``steps`` (env steps) and ``kind`` (of goal), the seconds
     spent planning, and the first episodes' frames (``recorded``: (frames, goal image, success)).
@@ -31,7 +38,10 @@ def run_episodes(
     outcome: dict = {"success": [], "steps": [], "kind": [], "recorded": [], "seconds": 0.0}
     with progress(f"eval {label}", total=len(episodes)) as advance:
         for index, episode in enumerate(episodes):
-            success, frames, kind, seconds = _play(model, cfg, runner, shape, episode)
+            recorder = videos.recorder() if videos is not None else None
+            success, frames, kind, seconds = _play(model, cfg, runner, shape, episode, recorder)
+            if videos is not None:
+                videos.write(index + 1, frames, _goal_image(episode, frames), success, recorder)
             outcome["success"].append(success)
             outcome["steps"].append(len(frames) - 1)
             outcome["kind"].append(kind)
@@ -44,8 +54,9 @@ def run_episodes(
     return outcome
 
 
-def _play(model, cfg: SwmConfig, runner, shape, episode):
-    """One episode: (success, frames, kind of goal, seconds spent choosing actions)."""
+def _play(model, cfg: SwmConfig, runner, shape, episode, on_plan=None):
+    """One episode: (success, frames, kind of goal, seconds spent choosing actions);
+    ``on_plan`` is the planner's hook (``planner_actor``)."""
     budget = eval_budget(cfg)
     limit = max(cfg.env.max_episode_steps, budget)
     env = make_env(cfg.env.id, shape["resolution"], limit, episode.seed, cfg.env.kwargs)
@@ -55,7 +66,7 @@ def _play(model, cfg: SwmConfig, runner, shape, episode):
     else:
         env, observation = restore_recorded(env, episode.state, episode.goal_state, episode.seed)
     kind = goal_kind(env)
-    act = planner_actor(model, cfg, runner, shape, env, episode)
+    act = planner_actor(model, cfg, runner, shape, env, episode, on_plan)
     success, frames, seconds = _episode(env, observation, act, budget)
     env.close()
     return success, frames, kind, seconds
@@ -65,9 +76,10 @@ def _goal_image(episode, frames) -> np.ndarray:
     return episode.goal_pixels if episode.goal_pixels is not None else frames[0]
 
 
-def planner_actor(model, cfg: SwmConfig, runner, shape, env, episode):
+def planner_actor(model, cfg: SwmConfig, runner, shape, env, episode, on_plan=None):
     """observation -> list of env actions: the planned blocks toward ``episode``'s goal, or one
-    random action when ``model`` is None."""
+    random action when ``model`` is None. ``on_plan(planner, env_steps)`` is called after each
+    planning, with the env steps of the plan that run before the next."""
     if model is None:
         policy = make_policy("random", env, episode.seed)
         return lambda observation: [policy(observation)]
@@ -83,7 +95,10 @@ def planner_actor(model, cfg: SwmConfig, runner, shape, env, episode):
     def act(observation: dict) -> list[np.ndarray]:
         now = runner.to_device({key: observation[key] for key in keys})
         actions = planner.act(*now.values()).float().cpu().numpy()
-        return list(actions.reshape(-1, shape["action_dim"]))
+        env_actions = list(actions.reshape(-1, shape["action_dim"]))
+        if on_plan is not None:
+            on_plan(planner, len(env_actions))
+        return env_actions
 
     return act
 

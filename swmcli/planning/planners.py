@@ -194,6 +194,7 @@ class RecedingHorizon:
         latent = self._encode(pixels, proprio)
         mean = self.mean if self.blocks_left is None else self.mean[: self.blocks_left]
         plan = self.plan_once(self.model, latent, self.goal, mean, self.settings, self.generator)
+        self.latent, self.plan = latent, plan  # what this call planned from, and its whole plan
         executed = min(self.settings.replan_every, len(plan))
         if self.blocks_left is not None:
             self.blocks_left -= executed
