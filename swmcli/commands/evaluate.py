@@ -31,7 +31,7 @@ from swmcli.envs.plugins import check_restorable
 from swmcli.errors import UsageError
 from swmcli.models.interface import build_model
 from swmcli.models.outputs import predict_checked
-from swmcli.models.rollout import encode_observation, rollout
+from swmcli.models.rollout import encode_observation, is_recurrent, observe_clip, rollout
 from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
 from swmcli.planning.episodes import run_episodes
 from swmcli.planning.goals import goal_episodes, wilson_interval
@@ -167,9 +167,14 @@ def _warm_up(model, shape: dict[str, int], runner) -> None:
     observation = {"pixels": pixels}
     if shape.get("proprio_dim"):
         observation["proprio"] = torch.zeros(1, 1, shape["proprio_dim"], device=runner.device)
+    actions = torch.zeros(1, 1, block, device=runner.device)
     try:
-        latents = encode_observation(model, observation)
-        predict_checked(model, latents, torch.zeros(1, 1, block, device=runner.device))
+        if is_recurrent(model):
+            latents, state = observe_clip(model, {**observation, "action": actions})
+            predict_checked(model, latents, actions, state)
+        else:
+            latents = encode_observation(model, observation)
+            predict_checked(model, latents, actions)
     except Exception as err:  # torch.compile raises backend-specific errors
         if not runner.compile:
             raise
@@ -205,9 +210,13 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     for start in range(0, len(windows), OPEN_LOOP_BATCH):
         indices = range(start, min(start + OPEN_LOOP_BATCH, len(windows)))
         batch = runner.to_device(windows.read_batch(indices))
-        latents = encode_observation(model, batch).float()
         actions = batch["action"][:, :horizon]
-        predicted = rollout(model, latents[:, :1], actions[:, :0], actions).float()
+        if is_recurrent(model):  # the truth: each frame seen after the recorded blocks
+            latents, state = observe_clip(model, batch)
+        else:
+            latents, state = encode_observation(model, batch), None
+        latents = latents.float()
+        predicted = rollout(model, latents[:, :1], actions[:, :0], actions, state).float()
         truth = latents[:, 1:]
         model_sum += (predicted - truth).pow(2).mean(-1).sum(0).cpu().numpy()
         still_sum += (latents[:, :1] - truth).pow(2).mean(-1).sum(0).cpu().numpy()
