@@ -1,0 +1,122 @@
+"""Recurrent world models: swm carries their state, so a rollout of H blocks costs H model steps;
+the RSSM in tests/models (written from docs/bring-your-model.md) trains, is profiled with every
+technique, and plans."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from swmcli.commands.evaluate import run_eval
+from swmcli.commands.train import run_train
+from swmcli.config import load_run_config, resolve_config
+from swmcli.errors import UsageError
+from swmcli.memory.measure import MemoryMonitor
+from swmcli.memory.predict import PeakPredictor, Variant
+from swmcli.models.interface import load_factory
+from swmcli.models.rollout import observe, observe_clip, rollout
+from swmcli.planning.planners import PlannerSettings, RecedingHorizon
+
+RSSM = f"{Path(__file__).parent / 'models' / 'rssm_world_model.py'}:build"
+SIDE, BLOCK = 32, 2
+
+
+def _rssm():
+    torch.manual_seed(0)
+    return load_factory(RSSM)(action_dim=BLOCK, frameskip=1, resolution=SIDE).eval()
+
+
+def _count_cell_steps(model) -> list[int]:
+    """A list whose length is how many times the model's GRUCell has run since."""
+    steps: list[int] = []
+    model.cell.register_forward_hook(lambda *_: steps.append(1))
+    return steps
+
+
+def _frames(count: int, steps: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    shape = (count, steps, SIDE, SIDE, 3)
+    return torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
+
+
+@torch.inference_mode()
+def test_a_rollout_of_h_blocks_is_h_model_steps_with_the_state_carried():
+    model, horizon = _rssm(), 6
+    plans = torch.rand(4, horizon, BLOCK) * 2 - 1
+    latents, state = observe_clip(model, {"pixels": _frames(4, 1), "action": plans[:, :1]})
+    steps = _count_cell_steps(model)
+    carried = rollout(model, latents, plans[:, :0], plans, state)
+    assert len(steps) == horizon
+    steps.clear()
+    # The model's stateless predict rebuilds the cell from zero on every call: 2 + 3 + ... + 7.
+    rebuilt = rollout(model, latents, plans[:, :0], plans)
+    assert len(steps) == sum(range(2, horizon + 2))
+    torch.testing.assert_close(carried, rebuilt)  # from a first frame the two agree
+
+
+@torch.inference_mode()
+def test_the_planner_carries_the_state_through_the_blocks_it_executed():
+    model = _rssm()
+    settings = PlannerSettings(horizon=4, samples=8, iterations=2, elites=2, action_dim=BLOCK,
+                               replan_every=2)  # fmt: skip
+    planner = RecedingHorizon(model, "cem", settings, BLOCK, seed=0)
+    frames = _frames(1, 3)[0]
+    planner.reset(frames[2])
+    steps = _count_cell_steps(model)
+    first = planner.act(frames[0])
+    assert len(steps) == 1 + 2 * 4  # the frame seen, then 2 iterations of 4-block rollouts
+    start_latent, start_state = planner.latent, planner.state
+    steps.clear()
+    planner.act(frames[1])
+    assert len(steps) == 2 + 2 * 4  # the first block predicted through, the second observed
+    # The frame is seen from the state the executed blocks led to, not from a fresh one.
+    _, state = model.predict(start_latent, first[None, :1], state=start_state)
+    expected, _ = observe(model, {"pixels": frames[1][None]}, state, first[1:])
+    torch.testing.assert_close(planner.latent[:, 0], expected)
+    fresh, _ = observe(model, {"pixels": frames[1][None]}, model.initial_state(1), first[1:])
+    assert not torch.allclose(planner.latent[:, 0], fresh)
+
+
+@torch.inference_mode()
+def test_a_recurrent_predict_that_returns_no_state_is_named_in_one_line():
+    model = _rssm()
+    latents, state = observe_clip(model, {"pixels": _frames(2, 1), "action": torch.zeros(2, 1, 2)})
+    model.predict = lambda latents, actions, state=None: latents
+    with pytest.raises(UsageError, match=r"predict\(\.\.\., state=\.\.\.\) returned a tensor"):
+        rollout(model, latents, torch.zeros(2, 0, 2), torch.zeros(2, 3, 2), state)
+
+
+def test_every_technique_set_traces_the_rssm():
+    cfg = resolve_config("tiny", flags={"model.factory": RSSM})
+    predictor = PeakPredictor(
+        cfg, {"pixels": np.zeros((SIDE, SIDE, 3), np.uint8), "action": np.zeros(2)}, "cpu"
+    )
+    base = Variant("train", False, 4, cfg.data.history_len, 1)
+    checkpointed = predictor.predict(replace(base, checkpointing="layers")).peak_bytes
+    assert checkpointed < predictor.predict(base).peak_bytes
+    # Every technique at once: bf16, checkpointing by class (the GRUCell in its loop too) and
+    # the optimizer in backward; then the eval step, whose calls carry no state.
+    combined = replace(base, bf16=True, checkpointing="EncoderStage,GRUCell", in_backward=True)
+    assert predictor.predict(combined).peak_bytes > 0
+    evaluated = Variant("eval", False, 4, cfg.data.history_len, 1, grad_free=True)
+    assert predictor.predict(evaluated).peak_bytes > 0
+
+def test_the_rssm_trains_and_plans_with_its_state(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    flags = {"data.path": tiny_data, "train.out": run_dir, "train.log_every": 1}
+    cfg = resolve_config("tiny", flags={**flags, "model.factory": RSSM})
+    run_train(cfg, MemoryMonitor())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # The loss holds the KL at its free nats at least: the frames drawn back are what improves.
+    drawn = [row["reconstruction"] for row in rows]
+    first, last = np.mean(drawn[:5]), np.mean(drawn[-5:])
+    assert last < 0.8 * first, (first, last)
+    assert rows[-1]["loss"] < rows[0]["loss"] and "kl" in rows[-1]
+    sets = ["eval.episodes=1", "eval.horizon=3"]
+    result = run_eval(run_dir, MemoryMonitor(), load_run_config(run_dir, sets=sets))
+    assert result.fields["episodes"] == 1
+    assert result.fields["planning_seconds_per_env_step"] > 0
+    assert np.isfinite(result.fields["open_loop_mse_last"])
