@@ -189,3 +189,10 @@ def build(action_dim: int, frameskip: int, resolution: int, width: int = 8, stag
     """The RSSM for frames of ``resolution`` (divisible by ``2**stages``), tiny by default."""
     return RSSM(frameskip * action_dim, resolution, width, stages, embed, deter, stoch, hidden,
                 free_nats, kl_weight)  # fmt: skip
+
+
+def build_without_loss(action_dim: int, frameskip: int, resolution: int) -> RSSM:
+    """The RSSM without a loss of its own: swm trains it with its JEPA loss, carrying its state."""
+    model = build(action_dim, frameskip, resolution)
+    model.loss = None
+    return model
