@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from swmcli.commands.evaluate import run_eval
+from swmcli.commands.evaluate import run_eval, warm_up
 from swmcli.commands.train import run_train
 from swmcli.config import load_run_config, resolve_config
 from swmcli.errors import UsageError
@@ -17,6 +17,7 @@ from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.interface import load_factory
 from swmcli.models.losses import jepa_loss, prediction_loss
 from swmcli.models.rollout import observe, observe_clip, rollout
+from swmcli.models.runner import make_runner
 from swmcli.planning.planners import PlannerSettings, RecedingHorizon
 
 RSSM = f"{Path(__file__).parent / 'models' / 'rssm_world_model.py'}:build"
@@ -144,3 +145,48 @@ def test_swms_loss_carries_a_recurrent_models_state_through_the_clip():
     torch.testing.assert_close(terms["rollout"], prediction_loss(imagined, latents[:, 1:]))
     stateless = model.encode(batch["pixels"])  # every frame as an episode's first
     assert not torch.allclose(stateless[:, 1:], latents[:, 1:])
+
+
+def _layouts(model, calls: set) -> None:
+    """Record in ``calls`` each encode and predict call's layout as a compiled method's guards
+    see it: every tensor's shape past the batch, batch 1 or more, and whether it is laid out as a
+    fresh tensor."""
+
+    def layout(value):
+        fresh = value.contiguous().stride() == value.stride() and value.storage_offset() == 0
+        return tuple(value.shape[1:]), min(len(value), 2), fresh
+
+    for name in ("encode", "predict"):
+        method = getattr(model, name)
+
+        def recorded(*arguments, method=method, name=name, **keywords):
+            tensors = [*arguments, *torch.utils._pytree.tree_leaves(keywords)]
+            calls.add((name, *(layout(t) for t in tensors if isinstance(t, torch.Tensor))))
+            return method(*arguments, **keywords)
+
+        object.__setattr__(model, name, recorded)
+
+
+@torch.inference_mode()
+def test_eval_calls_the_model_at_every_horizon_as_its_warm_up_did():
+    """What lets ``swm eval --compile`` compile once, in the warm-up: planning at any horizon and
+    the open-loop rollouts call ``encode`` and ``predict`` with the layouts the warm-up compiled
+    (benchmarks/eval_compile.py counts the graphs)."""
+    model = _rssm()
+    warmed, used = set(), set()
+    _layouts(model, warmed)
+    runner = make_runner()
+    warm_up(model, {"resolution": SIDE, "frameskip": 1, "action_dim": BLOCK}, runner)
+    _layouts(model, used)
+    frames = _frames(3, 5)
+    for horizon in (1, 3, 5):
+        settings = PlannerSettings(horizon=horizon, samples=8, iterations=1, elites=2,
+                                   action_dim=BLOCK, replan_every=2)  # fmt: skip
+        planner = RecedingHorizon(model, "cem", settings, BLOCK, seed=0)
+        planner.reset(frames[0, 0])
+        for step in range(1, 4):
+            planner.act(frames[0, step])
+        actions = torch.rand(3, 5, BLOCK)
+        latents, state = observe_clip(model, {"pixels": frames, "action": actions})
+        rollout(model, latents[:, :1], actions[:, :0], actions[:, :horizon], state)
+    assert used <= warmed, used - warmed

@@ -77,7 +77,7 @@ def _evaluate(run_dir: Path, cfg: SwmConfig, monitor) -> CommandResult:
     _check_data_fits_model(cfg, shape, run_dir)
     no_goal = _why_no_planning(cfg, shape)
     with runner.inference(model), monitor.phase("warm-up"):
-        _warm_up(model, shape, runner)
+        warm_up(model, shape, runner)
     with runner.inference(model), monitor.phase("open-loop error"):
         errors = open_loop_errors(model, cfg, runner)
     reaching = None
@@ -158,23 +158,30 @@ def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path)
         )
 
 
-def _warm_up(model, shape: dict[str, int], runner) -> None:
-    """One encode and one prediction, so compilation is not timed; eager if compiling fails."""
+def warm_up(model, shape: dict[str, int], runner) -> None:
+    """Encodes and predictions of batch 1 (one frame) then 2 (two frames), so that compilation
+    is not timed and happens here: batch 1 and length 1 are compiled as constants (torch
+    specializes them), the second call's sizes as symbols that serve every batch and rollout
+    length after. Eager if compiling fails."""
     import torch
 
     side, block = shape["resolution"], shape["frameskip"] * shape["action_dim"]
-    pixels = torch.zeros(1, 1, side, side, 3, dtype=torch.uint8, device=runner.device)
-    observation = {"pixels": pixels}
-    if shape.get("proprio_dim"):
-        observation["proprio"] = torch.zeros(1, 1, shape["proprio_dim"], device=runner.device)
-    actions = torch.zeros(1, 1, block, device=runner.device)
+    device, longest = runner.device, getattr(model, "context_len", None) or 2
     try:
-        if is_recurrent(model):
-            latents, state = observe_clip(model, {**observation, "action": actions})
-            predict_checked(model, latents, actions, state)
-        else:
-            latents = encode_observation(model, observation)
-            predict_checked(model, latents, actions)
+        for count in (1, 2):
+            lead = (count, min(count, longest))
+            clip = {
+                "pixels": torch.zeros(*lead, side, side, 3, dtype=torch.uint8, device=device),
+                "action": torch.zeros(*lead, block, device=device),
+            }
+            if shape.get("proprio_dim"):
+                clip["proprio"] = torch.zeros(*lead, shape["proprio_dim"], device=device)
+            if is_recurrent(model):  # every call carries the state: one position at a time
+                latents, state = observe_clip(model, clip)
+                predict_checked(model, latents[:, :1], clip["action"][:, :1], state)
+            else:
+                latents = encode_observation(model, clip)
+                predict_checked(model, latents, clip["action"])
     except Exception as err:  # torch.compile raises backend-specific errors
         if not runner.compile:
             raise

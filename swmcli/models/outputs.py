@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.utils import _pytree
 
 from swmcli.errors import SwmError, UsageError, shown_path
 
@@ -47,6 +48,7 @@ def observe_checked(model, pixels, proprio, state, action):
     latents of frames ``(B, H, W, 3)`` reached by action blocks ``(B, A)`` from ``state``, and
     the state after them."""
     arguments = (pixels,) if proprio is None else (pixels, proprio)
+    arguments, state, action = _packed((arguments, state, action))
     latents, state = _pair(model, "encode", model.encode(*arguments, state=state, action=action))
     _check_latents(model, latents, pixels)
     return latents, state
@@ -73,6 +75,7 @@ def predict_checked(model, latents: torch.Tensor, actions: torch.Tensor, state=N
     if state is None:
         following = model.predict(latents, actions)
     else:
+        latents, actions, state = _packed((latents, actions, state))
         following, state = _pair(model, "predict", model.predict(latents, actions, state=state))
     if not isinstance(following, torch.Tensor) or following.shape != latents.shape:
         raise UsageError(
@@ -82,6 +85,24 @@ def predict_checked(model, latents: torch.Tensor, actions: torch.Tensor, state=N
             hint=DOCS,
         )
     return following if state is None else (following, state)
+
+
+def _packed(arguments):
+    """Every tensor of a recurrent model's call laid out as a fresh one: a compiled method then
+    sees one layout per shape, whichever slice of a clip, plan or state it is given (its guards
+    hold strides and storage offsets)."""
+    return _pytree.tree_map_only(torch.Tensor, _row_major, arguments)
+
+
+def _row_major(value: torch.Tensor) -> torch.Tensor:
+    """``value``, or its copy where its strides or offset are not a fresh tensor's."""
+    strides, step = [], 1
+    for size in reversed(value.shape):
+        strides.append(step)
+        step *= size
+    if value.storage_offset() == 0 and value.stride() == tuple(reversed(strides)):
+        return value
+    return value.clone(memory_format=torch.contiguous_format)
 
 
 def _pair(model, method: str, returned) -> tuple:
