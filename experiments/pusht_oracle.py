@@ -144,10 +144,12 @@ class RunLatent:
         return latent_costs(self.model, latents, goal, cost, weight)
 
 
-def physics_costs(env, saved, goal, plans: torch.Tensor, cost: str, weight, score) -> torch.Tensor:
-    """``planners.plan_costs`` with the env as the model: ``saved`` its state, ``goal`` what
-    ``score`` measures against; each plan ``(H, frameskip * 2)`` in [-1, 1] simulated from
-    ``saved``."""
+def physics_costs(
+    env, saved, goal, plans: torch.Tensor, cost: str, weight, state=None, *, score
+) -> torch.Tensor:
+    """``planners.plan_costs`` with the env as the model: ``saved`` its state (``state``, a
+    recurrent model's, is None: the env holds its own), ``goal`` what ``score`` measures against;
+    each plan ``(H, frameskip * 2)`` in [-1, 1] simulated from ``saved``."""
     count, _, block = plans.shape
     targets = (plans.numpy().reshape(count, -1, ACTION_DIM) + 1.0) * (pusht.ARENA / 2)
     observed = []

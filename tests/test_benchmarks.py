@@ -152,3 +152,11 @@ def test_independent_peak_agrees_with_memprofiles_cpu_prediction():
     predicted = PeakPredictor(cfg, step, "cpu").predict(configured_variant(cfg, 4)).peak_bytes
     assert measured["count"] == "profiler"  # torch.profiler's allocator events
     assert predicted == pytest.approx(measured["peak_bytes"], rel=0.05)
+
+
+def test_recurrent_planning_benchmark_counts_h_cell_steps_carried_and_more_rebuilt():
+    out = _run("recurrent_planning.py", "--horizons", "3", "--iterations", "1", "--samples", "4",
+               "--plans", "1", "--rounds", "1")  # fmt: skip
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if len(line.split()) == 4}
+    assert rows["carried"][-1] == "3" and rows["stateless"][-1] == "9"  # 2 + 3 + 4
+    assert "faster per env step" in out

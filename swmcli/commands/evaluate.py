@@ -32,7 +32,7 @@ from swmcli.envs.plugins import check_restorable
 from swmcli.errors import UsageError
 from swmcli.models.interface import build_model
 from swmcli.models.outputs import predict_checked
-from swmcli.models.rollout import encode_observation, rollout
+from swmcli.models.rollout import encode_observation, is_recurrent, observe_clip, rollout
 from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
 from swmcli.planning.episodes import run_episodes
 from swmcli.planning.goals import goal_episodes, wilson_interval
@@ -86,7 +86,7 @@ def _evaluate(run_dir: Path, cfg: SwmConfig, monitor, video: bool = False) -> Co
     if video and no_goal is not None:  # asked for films of planned episodes: there are none
         raise UsageError(f"--video: {no_goal}", hint="without --video: the open-loop error alone")
     with runner.inference(model), monitor.phase("warm-up"):
-        _warm_up(model, shape, runner)
+        warm_up(model, shape, runner)
     with runner.inference(model), monitor.phase("open-loop error"):
         errors = open_loop_errors(model, cfg, runner)
     reaching = None
@@ -173,18 +173,30 @@ def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path)
         )
 
 
-def _warm_up(model, shape: dict[str, int], runner) -> None:
-    """One encode and one prediction, so compilation is not timed; eager if compiling fails."""
+def warm_up(model, shape: dict[str, int], runner) -> None:
+    """Encodes and predictions of batch 1 (one frame) then 2 (two frames), so that compilation
+    is not timed and happens here: batch 1 and length 1 are compiled as constants (torch
+    specializes them), the second call's sizes as symbols that serve every batch and rollout
+    length after. Eager if compiling fails."""
     import torch
 
     side, block = shape["resolution"], shape["frameskip"] * shape["action_dim"]
-    pixels = torch.zeros(1, 1, side, side, 3, dtype=torch.uint8, device=runner.device)
-    observation = {"pixels": pixels}
-    if shape.get("proprio_dim"):
-        observation["proprio"] = torch.zeros(1, 1, shape["proprio_dim"], device=runner.device)
+    device, longest = runner.device, getattr(model, "context_len", None) or 2
     try:
-        latents = encode_observation(model, observation)
-        predict_checked(model, latents, torch.zeros(1, 1, block, device=runner.device))
+        for count in (1, 2):
+            lead = (count, min(count, longest))
+            clip = {
+                "pixels": torch.zeros(*lead, side, side, 3, dtype=torch.uint8, device=device),
+                "action": torch.zeros(*lead, block, device=device),
+            }
+            if shape.get("proprio_dim"):
+                clip["proprio"] = torch.zeros(*lead, shape["proprio_dim"], device=device)
+            if is_recurrent(model):  # every call carries the state: one position at a time
+                latents, state = observe_clip(model, clip)
+                predict_checked(model, latents[:, :1], clip["action"][:, :1], state)
+            else:
+                latents = encode_observation(model, clip)
+                predict_checked(model, latents, clip["action"])
     except Exception as err:  # torch.compile raises backend-specific errors
         if not runner.compile:
             raise
@@ -220,9 +232,13 @@ def open_loop_errors(model, cfg: SwmConfig, runner) -> dict[str, list[float]]:
     for start in range(0, len(windows), OPEN_LOOP_BATCH):
         indices = range(start, min(start + OPEN_LOOP_BATCH, len(windows)))
         batch = runner.to_device(windows.read_batch(indices))
-        latents = encode_observation(model, batch).float()
         actions = batch["action"][:, :horizon]
-        predicted = rollout(model, latents[:, :1], actions[:, :0], actions).float()
+        if is_recurrent(model):  # the truth: each frame seen after the recorded blocks
+            latents, state = observe_clip(model, batch)
+        else:
+            latents, state = encode_observation(model, batch), None
+        latents = latents.float()
+        predicted = rollout(model, latents[:, :1], actions[:, :0], actions, state).float()
         truth = latents[:, 1:]
         model_sum += (predicted - truth).pow(2).mean(-1).sum(0).cpu().numpy()
         still_sum += (latents[:, :1] - truth).pow(2).mean(-1).sum(0).cpu().numpy()

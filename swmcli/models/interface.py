@@ -15,6 +15,10 @@ spirit)::
     context_len               the longest history ``predict`` takes; rollouts cut to it.
     encode(pixels, proprio)   with ``model.proprio``: the agent's state (B, T, P) as well,
                               its part of the latent the last ``proprio_dims`` values.
+    initial_state(batch_size) a recurrent model's state before a first frame; swm then carries
+                              it: ``encode(pixels, state=, action=)`` and ``predict(latents,
+                              actions, state=)`` return ``(output, state after)`` (``rollout``:
+                              one ``predict`` step per planned block).
 
 Training calls the loss through ``Objective`` (the module DDP and FSDP wrap), planning and eval
 call ``encode`` and ``rollout`` (below, built on ``predict``), memprofile traces the same step.

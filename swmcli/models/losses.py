@@ -16,7 +16,7 @@ import torch
 
 from swmcli.models.global_batch import gather_rows
 from swmcli.models.outputs import predict_checked
-from swmcli.models.rollout import encode_observation, rollout
+from swmcli.models.rollout import encode_observation, is_recurrent, observe_clip, rollout
 
 SIGREG_SLICES = 256  # random directions per step
 SIGREG_KNOTS = 17  # quadrature points t in [0, SIGREG_T_MAX] for the characteristic function
@@ -107,15 +107,21 @@ def jepa_loss(
     ``reconstruction_weight`` > 0, plus that weight times the error of the frames drawn back
     from their latents (swm's model's decoder). With ``state_weight`` > 0, plus that weight times
     the error of the state the latents read (swm's model's ``state_error``); the regularizer then
-    spreads only the rest of the latent (the state has a spread of its own).
+    spreads only the rest of the latent (the state has a spread of its own). A recurrent model
+    (``initial_state``) encodes the clip with its state carried from frame to frame and predicts
+    and rolls out from the state at the first frame.
     Returns ``loss`` (minimized) and its parts (detached) for logging: ``prediction``,
     ``regularizer``, ``rollout``, ``reconstruction`` and ``state`` (when used), and
     ``latent_rank``
     (effective rank of the batch's latents; near 1 = collapse).
     """
-    latents = encode_observation(model, batch)
     actions = batch["action"][:, :-1].float()
-    predicted = predict_checked(model, latents[:, :-1], actions)
+    if is_recurrent(model):  # each frame seen after the blocks before it; the state carried
+        latents, state = observe_clip(model, batch)
+        predicted, _ = predict_checked(model, latents[:, :-1], actions, state)
+    else:
+        latents, state = encode_observation(model, batch), None
+        predicted = predict_checked(model, latents[:, :-1], actions)
     prediction = prediction_loss(predicted, latents[:, 1:])
     # The regularizer is a statistic of the whole batch: every rank's latents under DDP.
     flat = gather_rows(latents.reshape(-1, latents.shape[-1]))
@@ -127,7 +133,7 @@ def jepa_loss(
         "latent_rank": effective_rank(flat.detach()),
     }
     if rollout_weight > 0:
-        imagined = rollout(model, latents[:, :1], actions[:, :0], actions)
+        imagined = rollout(model, latents[:, :1], actions[:, :0], actions, state)
         multi_step = prediction_loss(imagined, latents[:, 1:])
         total = total + rollout_weight * multi_step
         terms["rollout"] = multi_step.detach()

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.utils import _pytree
 
 from swmcli.errors import SwmError, UsageError, shown_path
 
@@ -38,6 +39,22 @@ def encode_checked(model, pixels: torch.Tensor, proprio: torch.Tensor | None = N
     """``model.encode(pixels)`` (``model.encode(pixels, proprio)`` with the agent's state):
     latents ``(*lead, D)`` for pixels ``(*lead, H, W, 3)``."""
     latents = model.encode(pixels) if proprio is None else model.encode(pixels, proprio)
+    _check_latents(model, latents, pixels)
+    return latents
+
+
+def observe_checked(model, pixels, proprio, state, action):
+    """A recurrent model's ``encode(pixels[, proprio], state=state, action=action)``: the
+    latents of frames ``(B, H, W, 3)`` reached by action blocks ``(B, A)`` from ``state``, and
+    the state after them."""
+    arguments = (pixels,) if proprio is None else (pixels, proprio)
+    arguments, state, action = _packed((arguments, state, action))
+    latents, state = _pair(model, "encode", model.encode(*arguments, state=state, action=action))
+    _check_latents(model, latents, pixels)
+    return latents, state
+
+
+def _check_latents(model, latents, pixels: torch.Tensor) -> None:
     lead = tuple(pixels.shape[:-3])
     if (
         not isinstance(latents, torch.Tensor)
@@ -49,12 +66,17 @@ def encode_checked(model, pixels: torch.Tensor, proprio: torch.Tensor | None = N
             f"{_shape(latents)}, not latents of shape {(*lead, 'D')}",
             hint=DOCS,
         )
-    return latents
 
 
-def predict_checked(model, latents: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    """``model.predict(latents, actions)``: next latents of the shape of ``latents``."""
-    following = model.predict(latents, actions)
+def predict_checked(model, latents: torch.Tensor, actions: torch.Tensor, state=None):
+    """``model.predict(latents, actions)``: next latents of the shape of ``latents``. With a
+    recurrent model's ``state`` (the state at the first latent), ``predict(latents, actions,
+    state=state)``: the next latents and the state after the last one."""
+    if state is None:
+        following = model.predict(latents, actions)
+    else:
+        latents, actions, state = _packed((latents, actions, state))
+        following, state = _pair(model, "predict", model.predict(latents, actions, state=state))
     if not isinstance(following, torch.Tensor) or following.shape != latents.shape:
         raise UsageError(
             f"model {model_name(model)}: predict(latents of shape {tuple(latents.shape)}, actions "
@@ -62,7 +84,36 @@ def predict_checked(model, latents: torch.Tensor, actions: torch.Tensor) -> torc
             f"shape {tuple(latents.shape)}",
             hint=DOCS,
         )
-    return following
+    return following if state is None else (following, state)
+
+
+def _packed(arguments):
+    """Every tensor of a recurrent model's call laid out as a fresh one: a compiled method then
+    sees one layout per shape, whichever slice of a clip, plan or state it is given (its guards
+    hold strides and storage offsets)."""
+    return _pytree.tree_map_only(torch.Tensor, _row_major, arguments)
+
+
+def _row_major(value: torch.Tensor) -> torch.Tensor:
+    """``value``, or its copy where its strides or offset are not a fresh tensor's."""
+    strides, step = [], 1
+    for size in reversed(value.shape):
+        strides.append(step)
+        step *= size
+    if value.storage_offset() == 0 and value.stride() == tuple(reversed(strides)):
+        return value
+    return value.clone(memory_format=torch.contiguous_format)
+
+
+def _pair(model, method: str, returned) -> tuple:
+    """What a recurrent model's ``method`` returned when given a state: (output, state)."""
+    if not isinstance(returned, tuple) or len(returned) != 2:
+        raise UsageError(
+            f"model {model_name(model)} has initial_state, and its {method}(..., state=...) "
+            f"returned {_shape(returned)}, not a pair (output, new state)",
+            hint=f"return both from {method} when it is given a state ({DOCS})",
+        )
+    return returned
 
 
 def loss_checked(model, terms) -> dict:

@@ -46,11 +46,11 @@ class PlanRecorder:
         self.plans: list[tuple[int, float, np.ndarray, np.ndarray | None]] = []
 
     def __call__(self, planner, env_steps: int) -> None:
-        """After ``planner`` chose its plan (``planner.latent``, ``planner.plan``) at this step;
-        ``env_steps`` of it run before the next replanning."""
-        latent, plan, goal = planner.latent, planner.plan, planner.goal
-        history = latent.reshape(1, 1, -1)
-        predicted = rollout(self.model, history, plan.new_zeros(1, 0, plan.shape[-1]), plan[None])
+        """After ``planner`` chose its plan (``planner.planned_from``, ``planner.plan``) at this
+        step; ``env_steps`` of it run before the next replanning."""
+        latent, plan, goal = planner.planned_from, planner.plan, planner.goal
+        history, no_past = latent.reshape(1, 1, -1), plan.new_zeros(1, 0, plan.shape[-1])
+        predicted = rollout(self.model, history, no_past, plan[None], planner.state)
         distances = (predicted[0].float() - goal.float().reshape(1, -1)).pow(2).sum(-1)
         observed = float((latent.float() - goal.float()).pow(2).sum())
         frames = _decoded(self.model, predicted[0])

@@ -19,13 +19,25 @@ previous plan. With ``shrink_horizon`` each new plan keeps the previous one's de
 horizon is the blocks left of the previous plan, a full one once they are spent (shrinking-horizon
 MPC: the terminal cost then always aims at the same env step, and a plan made closer to it
 predicts fewer blocks). Everything runs under the runner's inference mode.
+
+A recurrent model (``initial_state``, docs/bring-your-model.md) is rolled out from the state the
+planner carries: each frame is encoded from the state before it and the blocks executed since
+(the blocks that ran between two plans without a frame seen are predicted through), and every
+candidate starts from that state, one model step per planned block.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from swmcli.models.rollout import encode_observation, rollout
+from swmcli.models.outputs import predict_checked
+from swmcli.models.rollout import (
+    encode_observation,
+    is_recurrent,
+    observe,
+    repeat_state,
+    rollout,
+)
 
 INITIAL_STD = 1.0  # actions live in [-1, 1]: start wide, CEM narrows it
 MIN_STD = 0.05
@@ -50,13 +62,22 @@ class PlannerSettings:
 
 
 def plan_costs(
-    model, latent, goal, plans: torch.Tensor, cost: str = "terminal", proprio_weight: float = 1.0
+    model,
+    latent,
+    goal,
+    plans: torch.Tensor,
+    cost: str = "terminal",
+    proprio_weight: float = 1.0,
+    state=None,
 ) -> torch.Tensor:
-    """Cost of each plan ``(S, H, A)`` from ``latent (1, D)``: squared distance to ``goal``."""
+    """Cost of each plan ``(S, H, A)`` from ``latent (1, D)``: squared distance to ``goal``.
+    A recurrent model's ``state`` (batch 1, at ``latent``) is where every plan starts."""
     count = plans.shape[0]
     history = latent.expand(count, 1, -1)
     no_actions = plans.new_zeros(count, 0, plans.shape[-1])
-    predicted = rollout(model, history, no_actions, plans)
+    if state is not None:
+        history, state = history.contiguous(), repeat_state(state, count)
+    predicted = rollout(model, history, no_actions, plans, state)
     return latent_costs(model, predicted, goal, cost, proprio_weight)
 
 
@@ -108,13 +129,16 @@ def _sample(mean, std, settings: PlannerSettings, generator, carried=None) -> to
     return plans
 
 
-def cem(model, latent, goal, mean, settings: PlannerSettings, generator) -> torch.Tensor:
-    """Cross-entropy method: refit a diagonal Gaussian to the ``elites`` cheapest plans."""
+def cem(model, latent, goal, mean, settings: PlannerSettings, generator, state=None):
+    """Cross-entropy method: refit a diagonal Gaussian to the ``elites`` cheapest plans
+    (``state``: a recurrent model's, at ``latent``)."""
     std = torch.full_like(mean, INITIAL_STD)
     carried = None
     for _ in range(settings.iterations):
         plans = _sample(mean, std, settings, generator, carried)
-        costs = plan_costs(model, latent, goal, plans, settings.cost, settings.proprio_weight)
+        costs = plan_costs(
+            model, latent, goal, plans, settings.cost, settings.proprio_weight, state
+        )
         order = costs.topk(min(settings.elites, len(costs)), largest=False).indices
         elite = plans[order]
         mean, std = elite.mean(0), elite.std(0).clamp_min(MIN_STD)
@@ -122,12 +146,15 @@ def cem(model, latent, goal, mean, settings: PlannerSettings, generator) -> torc
     return elite[0] if settings.keep_elites else mean
 
 
-def mppi(model, latent, goal, mean, settings: PlannerSettings, generator) -> torch.Tensor:
-    """MPPI: the exponentially cost-weighted average of sampled plans, iterated."""
+def mppi(model, latent, goal, mean, settings: PlannerSettings, generator, state=None):
+    """MPPI: the exponentially cost-weighted average of sampled plans, iterated (``state``: a
+    recurrent model's, at ``latent``)."""
     std = torch.full_like(mean, INITIAL_STD / 2)
     for _ in range(settings.iterations):
         plans = _sample(mean, std, settings, generator)
-        costs = plan_costs(model, latent, goal, plans, settings.cost, settings.proprio_weight)
+        costs = plan_costs(
+            model, latent, goal, plans, settings.cost, settings.proprio_weight, state
+        )
         spread = (costs.max() - costs.min()).clamp_min(1e-8)
         weights = torch.softmax(-(costs - costs.min()) / (MPPI_TEMPERATURE * spread), dim=0)
         mean = (weights[:, None, None] * plans).sum(0)
@@ -178,24 +205,34 @@ class RecedingHorizon:
         self.mean = None
         self.budget_blocks = budget_blocks  # None: no end to plan toward
         self.blocks_left = budget_blocks
+        self.recurrent = is_recurrent(model)
+        self.state = None  # a recurrent model's: at the last frame seen
+        self.latent = None  # its latent there, (1, 1, D)
+        self.executed = None  # the blocks run since that frame
 
     def reset(self, goal_pixels: torch.Tensor, goal_proprio: torch.Tensor | None = None) -> None:
         """A new episode: encode the goal image ``(H, W, 3)`` uint8 on the device (and the
         agent's state there, for a model trained with it)."""
         device = goal_pixels.device
-        self.goal = self._encode(goal_pixels, goal_proprio)
+        self.state = None
+        # A recurrent model sees the goal as an episode's first frame.
+        self.goal = (self._observe if self.recurrent else self._encode)(goal_pixels, goal_proprio)
         self.mean = torch.zeros(self.settings.horizon, self.block, device=device)
         self.generator = torch.Generator(device=device).manual_seed(self.seed)
         self.blocks_left = self.budget_blocks
+        self.state, self.latent, self.executed = None, None, None  # the goal was not seen
 
     def act(self, pixels: torch.Tensor, proprio: torch.Tensor | None = None) -> torch.Tensor:
         """The blocks ``(replan_every, block)`` to execute now, from the frame ``(H, W, 3)``
         (and the agent's state)."""
-        latent = self._encode(pixels, proprio)
+        latent = (self._observe if self.recurrent else self._encode)(pixels, proprio)
         mean = self.mean if self.blocks_left is None else self.mean[: self.blocks_left]
-        plan = self.plan_once(self.model, latent, self.goal, mean, self.settings, self.generator)
-        self.latent, self.plan = latent, plan  # what this call planned from, and its whole plan
+        plan = self.plan_once(
+            self.model, latent, self.goal, mean, self.settings, self.generator, self.state
+        )
+        self.planned_from, self.plan = latent, plan  # this call's latent and its whole plan
         executed = min(self.settings.replan_every, len(plan))
+        self.executed = plan[:executed]
         if self.blocks_left is not None:
             self.blocks_left -= executed
         rest = plan[executed:]
@@ -208,7 +245,27 @@ class RecedingHorizon:
         return plan[:executed]
 
     def _encode(self, pixels: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
-        observation = {"pixels": pixels[None]}
-        if proprio is not None:
-            observation["proprio"] = proprio[None]
-        return encode_observation(self.model, observation)
+        return encode_observation(self.model, _batch_of_one(pixels, proprio))
+
+    def _observe(self, pixels: torch.Tensor, proprio: torch.Tensor | None) -> torch.Tensor:
+        """A recurrent model's latent of this frame, from its state at the last frame and the
+        blocks executed since (all but the last predicted through: their frames went unseen);
+        keeps the state at this frame."""
+        if self.state is None:  # the episode's first frame: no block led to it
+            state = self.model.initial_state(1)
+            action = pixels.new_zeros(1, self.block, dtype=torch.float32)
+        else:
+            state, latent = self.state, self.latent
+            for block in self.executed[:-1]:
+                latent, state = predict_checked(self.model, latent, block[None, None], state)
+            action = self.executed[-1:]
+        latent, self.state = observe(self.model, _batch_of_one(pixels, proprio), state, action)
+        self.latent = latent[:, None]
+        return latent
+
+
+def _batch_of_one(pixels: torch.Tensor, proprio: torch.Tensor | None) -> dict:
+    observation = {"pixels": pixels[None]}
+    if proprio is not None:
+        observation["proprio"] = proprio[None]
+    return observation
