@@ -112,8 +112,9 @@ def test_the_rssm_trains_as_predicted_and_plans_with_its_state(tiny_data, tmp_pa
     assert last < 0.75 * first, (first, last)
     assert rows[-1]["loss"] < rows[0]["loss"] and "kl" in rows[-1]
     sets = ["eval.episodes=1", "eval.horizon=3", "eval.step_budget=6"]
-    result = run_eval(run_dir, MemoryMonitor(), load_run_config(run_dir, sets=sets))
+    result = run_eval(run_dir, MemoryMonitor(), load_run_config(run_dir, sets=sets), video=True)
     assert result.fields["episodes"] == 1
+    assert [p.stat().st_size > 0 for p in (run_dir / "eval" / "videos").glob("*.mp4")] == [True]
     assert result.fields["planning_seconds_per_env_step"] > 0
     assert np.isfinite(result.fields["open_loop_mse_last"])
 

@@ -29,7 +29,7 @@ from swmcli.data.videos import (
     text_strip,
 )
 from swmcli.models.rollout import rollout
-from swmcli.models.world_model import PIXEL_MEAN, PIXEL_STD
+from swmcli.models.world_model import PIXEL_MEAN, PIXEL_STD, WorldModel
 
 FPS = 10
 HOLD_SECONDS = 1  # the last frame stays this long
@@ -88,8 +88,8 @@ class PlanRecorder:
 def _decoded(model, latents) -> np.ndarray | None:
     """Latents ``(H, D)`` drawn back as uint8 frames ``(H, h, w, 3)`` by swm's decoder; None
     for a model without one."""
-    decoder = getattr(model, "decoder", None)
-    if decoder is None:
+    decoder = getattr(model, "decoder", None) if isinstance(model, WorldModel) else None
+    if decoder is None:  # a model of the user's own: its decoder's interface is its own
         return None
     drawn = decoder(latents).float() * PIXEL_STD + PIXEL_MEAN
     return (drawn.clamp(0, 1) * 255).round().byte().permute(0, 2, 3, 1).cpu().numpy()
