@@ -55,11 +55,10 @@ class Transformer(nn.Module):
                  dropout: float, num_patches: int, num_frames: int):  # fmt: skip
         super().__init__()
         self.norm = nn.LayerNorm(dim)
-        self.layers = nn.ModuleList(
-            nn.ModuleList([Attention(dim, heads, dim_head, dropout, num_patches, num_frames),
-                           FeedForward(dim, mlp_dim, dropout)])  # fmt: skip
-            for _ in range(depth)
-        )
+        self.layers = nn.ModuleList()
+        for _ in range(depth):  # upstream's layout: [attention, feed-forward] per layer
+            attention = Attention(dim, heads, dim_head, dropout, num_patches, num_frames)
+            self.layers.append(nn.ModuleList([attention, FeedForward(dim, mlp_dim, dropout)]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for attention, feed_forward in self.layers:

@@ -1,6 +1,6 @@
-"""The image encoders of the published world models, in Hugging Face transformers' module layout
-(its parameter names and shapes, so a state dict of ``ViTModel`` or ``Dinov2Model`` loads as it
-is), built from their settings with random weights: nothing is downloaded.
+"""The image encoders of the published world models in Hugging Face transformers 5's module
+layout (its parameter names and shapes: a state dict of its ``ViTModel`` or ``Dinov2Model``
+loads as it is), built from their settings with random weights: nothing is downloaded.
 
 - ``hf_vit``: ``ViTModel`` without its pooler or mask token, as stable-pretraining's ``vit_hf``
   builds it (PLDM's and LeWM's encoder: ViT-tiny, patch 14 at 224 px).
@@ -28,64 +28,18 @@ def imagenet_frames(pixels: torch.Tensor) -> torch.Tensor:
     return (frames - mean) / std
 
 
-class SelfAttention(nn.Module):
+class Attention(nn.Module):
     def __init__(self, dim: int, heads: int):
         super().__init__()
         self.heads = heads
-        self.query, self.key, self.value = (nn.Linear(dim, dim) for _ in range(3))
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(dim, dim) for _ in range(4))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         q, k, v = (
             projection(tokens).unflatten(-1, (self.heads, -1)).transpose(1, 2)
-            for projection in (self.query, self.key, self.value)
+            for projection in (self.q_proj, self.k_proj, self.v_proj)
         )
-        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2)
-
-
-class Dense(nn.Module):
-    """One linear layer under the name ``dense`` (transformers' ``*Output``, ``*Intermediate``)."""
-
-    def __init__(self, dim_in: int, dim_out: int):
-        super().__init__()
-        self.dense = nn.Linear(dim_in, dim_out)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.dense(tokens)
-
-
-class Attention(nn.Module):
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.attention = SelfAttention(dim, heads)
-        self.output = Dense(dim, dim)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.output(self.attention(tokens))
-
-
-class ViTLayer(nn.Module):
-    """transformers' ``ViTLayer``: pre-norm attention and MLP, each added back."""
-
-    def __init__(self, dim: int, heads: int, eps: float):
-        super().__init__()
-        self.layernorm_before = nn.LayerNorm(dim, eps=eps)
-        self.attention = Attention(dim, heads)
-        self.layernorm_after = nn.LayerNorm(dim, eps=eps)
-        self.intermediate = Dense(dim, 4 * dim)
-        self.output = Dense(4 * dim, dim)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        tokens = tokens + self.attention(self.layernorm_before(tokens))
-        return tokens + self.output(F.gelu(self.intermediate(self.layernorm_after(tokens))))
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.lambda1 = nn.Parameter(torch.ones(dim))
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return tokens * self.lambda1
+        return self.o_proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
 
 
 class Mlp(nn.Module):
@@ -95,6 +49,30 @@ class Mlp(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.gelu(self.fc1(tokens)))
+
+
+class ViTLayer(nn.Module):
+    """transformers' ``ViTLayer``: pre-norm attention and MLP, each added back."""
+
+    def __init__(self, dim: int, heads: int, eps: float):
+        super().__init__()
+        self.attention = Attention(dim, heads)
+        self.layernorm_before = nn.LayerNorm(dim, eps=eps)
+        self.layernorm_after = nn.LayerNorm(dim, eps=eps)
+        self.mlp = Mlp(dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        tokens = tokens + self.attention(self.layernorm_before(tokens))
+        return tokens + self.mlp(self.layernorm_after(tokens))
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.lambda1 = nn.Parameter(torch.ones(dim))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return tokens * self.lambda1
 
 
 class Dinov2Layer(nn.Module):
@@ -140,45 +118,49 @@ class Embeddings(nn.Module):
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         patches = self.patch_embeddings(frames)
         tokens = torch.cat([self.cls_token.expand(len(patches), -1, -1), patches], dim=1)
-        return tokens + self.positions(frames.shape[-2:], tokens.dtype)
+        return tokens + self.positions(*frames.shape[-2:])  # float32, as transformers adds them
 
-    def positions(self, size, dtype: torch.dtype) -> torch.Tensor:
+    def positions(self, height: int, width: int) -> torch.Tensor:
         patch = self.patch_embeddings.projection.kernel_size[0]
-        height, width = size[0] // patch, size[1] // patch
+        height, width = height // patch, width // patch
         if (height, width) == (self.grid, self.grid):
             return self.position_embeddings
         cls, grid = self.position_embeddings[:, :1], self.position_embeddings[:, 1:]
         grid = grid.reshape(1, self.grid, self.grid, -1).permute(0, 3, 1, 2).float()
         grid = F.interpolate(grid, size=(height, width), mode="bicubic", align_corners=False)
-        grid = grid.to(dtype).permute(0, 2, 3, 1).flatten(1, 2)
-        return torch.cat([cls.to(dtype), grid], dim=1)
+        return torch.cat([cls, grid.to(cls.dtype).permute(0, 2, 3, 1).flatten(1, 2)], dim=1)
 
 
 class Encoder(nn.Module):
+    """transformers' ``Dinov2Encoder``: the layers, as ``layer``."""
+
     def __init__(self, layers: list[nn.Module]):
         super().__init__()
         self.layer = nn.ModuleList(layers)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        for layer in self.layer:
-            tokens = layer(tokens)
-        return tokens
-
 
 class ImageEncoder(nn.Module):
-    """transformers' ``ViTModel`` / ``Dinov2Model``: embeddings, layers, a final LayerNorm."""
+    """transformers' ``ViTModel`` (its layers as ``layers``) or ``Dinov2Model`` (as
+    ``encoder.layer``): embeddings, the layers, a final LayerNorm."""
 
     def __init__(self, layer, dim: int, depth: int, heads: int, patch: int, image_size: int,
-                 eps: float, mask_token: bool):  # fmt: skip
+                 eps: float, dinov2: bool):  # fmt: skip
         super().__init__()
-        self.embeddings = Embeddings(dim, patch, image_size, mask_token)
-        self.encoder = Encoder([layer(dim, heads, eps) for _ in range(depth)])
+        self.embeddings = Embeddings(dim, patch, image_size, mask_token=dinov2)
+        layers = [layer(dim, heads, eps) for _ in range(depth)]
+        if dinov2:
+            self.encoder = Encoder(layers)
+        else:
+            self.layers = nn.ModuleList(layers)
         self.layernorm = nn.LayerNorm(dim, eps=eps)
-        self.hidden_size = dim
+        self.hidden_size, self.dinov2 = dim, dinov2
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         """Frames ``(N, 3, H, W)`` -> the last hidden state ``(N, 1 + patches, dim)``."""
-        return self.layernorm(self.encoder(self.embeddings(frames)))
+        tokens = self.embeddings(frames)
+        for layer in self.encoder.layer if self.dinov2 else self.layers:
+            tokens = layer(tokens)
+        return self.layernorm(tokens)
 
 
 VIT_SIZES = {"tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12)}
