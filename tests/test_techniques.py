@@ -108,6 +108,13 @@ def test_checkpointing_keeps_the_saved_weights_plain():
     assert checkpointed_modules(nn.Sequential(nn.Linear(2, 2)), "Linear")
 
 
+def test_checkpointing_layers_takes_the_modules_that_run_in_a_list_of_lists():
+    """DINO-WM's predictor holds ``[attention, feed_forward]`` per layer: those two run (and are
+    recomputed), the inner list itself is never called."""
+    pairs = nn.ModuleList(nn.ModuleList([nn.Linear(4, 4), nn.GELU()]) for _ in range(2))
+    assert checkpointed_modules(pairs, "layers") == {module for pair in pairs for module in pair}
+
+
 def test_checkpointing_names_a_module_class_the_model_lacks():
     with pytest.raises(UsageError, match="no Conv3d"):
         checkpointed_modules(nn.Sequential(nn.Linear(2, 2)), "Conv3d")

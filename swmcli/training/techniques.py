@@ -44,9 +44,11 @@ def comma_names(text: str) -> list[str]:
 
 
 def layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated layers of ``model``: every child of every ``nn.ModuleList``."""
+    """The repeated layers of ``model``: every child of every ``nn.ModuleList`` that runs (a list
+    held in a list, as DINO-WM's ``[attention, feed_forward]`` per layer, gives its children)."""
     lists = [module for module in model.modules() if isinstance(module, nn.ModuleList)]
-    return [child for module_list in lists for child in module_list]
+    return [child for module_list in lists for child in module_list
+            if not isinstance(child, nn.ModuleList)]  # fmt: skip
 
 
 def checkpointed_modules(model: nn.Module, choice: str) -> set[nn.Module]:
