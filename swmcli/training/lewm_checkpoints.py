@@ -303,9 +303,9 @@ def export_lewm_run(run_dir: Path, dst: Path, overwrite: bool = False) -> dict[s
     run_dir, dst = Path(run_dir), Path(dst)
     cfg = load_run_config(run_dir)
     if cfg.model.factory != FACTORY:
+        model = cfg.model.factory or "swm's own JEPA model"
         raise UsageError(
-            f"{run_dir} trains {cfg.model.factory or 'swm own JEPA model'}, and only LeWM "
-            f"({FACTORY}) has a stable-worldmodel layout",
+            f"{run_dir} trains {model}, and only LeWM ({FACTORY}) has a stable-worldmodel layout",
             hint="export a run of --preset lewm-224 (or model.factory=swmcli.zoo.lewm:build)",
         )
     if dst.exists() and not overwrite:
