@@ -221,6 +221,16 @@ def test_missing_run_and_missing_checkpoint_are_clear_errors(tiny_run, tmp_path)
         run_eval(tmp_path, MemoryMonitor())
 
 
+def test_only_a_lewm_run_exports_as_a_stable_worldmodel_folder(tiny_run, tmp_path):
+    from swmcli.commands.convert import run_convert
+
+    with pytest.raises(UsageError, match="swm's own JEPA model, and only LeWM") as error:
+        run_convert(tiny_run, tmp_path / "out", layout="stable-worldmodel")
+    assert "lewm-224" in error.value.hint and not (tmp_path / "out").exists()
+    with pytest.raises(UsageError, match="run directory: it converts to --layout stable-world"):
+        run_convert(tiny_run, tmp_path / "out.lance")
+
+
 # --- protocols, flags, warnings, goal-less envs ---------------------------------------------
 
 

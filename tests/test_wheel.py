@@ -45,6 +45,16 @@ TINY = {
              "--set", "eval.keep_elites=0", "--goal-offset", "5", "--step-budget", "10"],
     "memprofile": ["--set", "model.vit_depth=1", "--set", "model.predictor_depth=1"],
 }  # fmt: skip
+# What a preset's model factory takes to be as small (TINY's model.* settings shape swm's own
+# model): LeWM with one ViT layer and one predictor layer.
+FACTORY_TINY = {"swmcli.zoo.lewm:build": ["--set", "model.kwargs.vit=[192, 1, 3]", "--set",
+                                           "model.kwargs.depth=1"]}  # fmt: skip
+
+
+def tiny(name: str, kind: str) -> list[str]:
+    """``TINY``'s arguments for a ``kind`` command of preset ``name``, with its factory's."""
+    small = FACTORY_TINY.get(resolve_config(name).model.factory or "", [])
+    return [*TINY[kind], *(small if kind in ("train", "memprofile") else [])]
 
 
 def run(*args, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -201,7 +211,7 @@ def preset_runs(installed) -> dict[str, str | None]:
     halves = [names[0::2], names[1::2]]  # alphabetical: the 224-px presets fall in both
 
     def run_half(half: list[str]) -> dict:
-        commands = {n: [[*c[1:], *TINY[c[1]]] for c in header_commands(n)] for n in half}
+        commands = {n: [[*c[1:], *tiny(n, c[1])] for c in header_commands(n)] for n in half}
         args = [installed["python"], "-c", DRIVER, json.dumps(commands)]
         one_thread = {**installed["env"], "OMP_NUM_THREADS": "1"}  # a core for each process
         done = run(*args, cwd=installed["home"], env=one_thread)

@@ -155,9 +155,16 @@ def collect(as_json: Json = False, **options: Any) -> None:
     "swm convert data/tiny.lance data/tiny-lerobot --layout lerobot",
     "swm convert data/tiny.lance data/tiny-lerobot --layout lerobot --map goal=observation.goal_xy",
     "swm convert data/tiny.lance ~/.minari/datasets/swm/tiny-v0 --layout minari",
+    "swm convert runs/lewm-224 exports/lewm-224 --layout stable-worldmodel  # a LeWM run",
 )
 def convert(
-    src: Annotated[str, typer.Argument(help="dataset (path or s3:// URI) to read, never modified")],
+    src: Annotated[
+        str,
+        typer.Argument(
+            help="dataset (path or s3:// URI) to read, never modified; or a LeWM run directory "
+            "(with --layout stable-worldmodel: its checkpoint as weights.pt + config.json)"
+        ),
+    ],
     dst: Annotated[str, typer.Argument(help="dataset (path or s3:// URI) to write")],
     to: Annotated[
         str | None, typer.Option(help="lance, hdf5 (or h5) or folder (default: DST suffix)")
@@ -365,11 +372,18 @@ def train(
     "swm eval runs/tworoom-64 --set eval.noise_beta=2 --set eval.cost=trajectory --json",
     "swm eval runs/gpu24-224-bf16 --bf16 --compile --json",
     "swm eval runs/tiny --video",
+    "swm eval lewm-pusht --set data.path=data/pusht_expert_train.lance  # stable-worldmodel's LeWM",
     default_note="the run's setting",  # eval starts from the run's saved config
     sources=(),
 )
 def eval_(
-    run_dir: Annotated[Path, typer.Argument(help="a run directory written by swm train")],
+    run_dir: Annotated[
+        Path,
+        typer.Argument(
+            help="a run directory written by swm train, or a stable-worldmodel LeWM checkpoint "
+            "folder (weights.pt + config.json, or NAME_object.ckpt; with --set data.path=...)"
+        ),
+    ],
     set_: Sets = None,
     video: Annotated[
         bool,
@@ -385,13 +399,10 @@ def eval_(
     Flags not given keep the run's settings; --set eval.KEY=VALUE changes any other eval setting.
     """
     from swmcli.commands.evaluate import run_eval
-    from swmcli.config import check_eval_changes, load_run_config
 
     settings = given("eval", options).settings
     with reported(as_json, track_tensors=True) as job:
-        check_eval_changes(settings, set_)
-        cfg = load_run_config(run_dir, settings, set_)
-        job.result = run_eval(run_dir, job.monitor, cfg, video=video)
+        job.result = run_eval(run_dir, job.monitor, flags=settings, sets=set_, video=video)
 
 
 @command(

@@ -18,6 +18,8 @@ from swmcli.data.merge import merge_datasets
 from swmcli.data.verify import verify as verify_checksums
 from swmcli.errors import UsageError
 from swmcli.report import CommandResult, Table, progress, warn
+from swmcli.training.checkpoints import checkpoint_path
+from swmcli.training.lewm_checkpoints import export_lewm_run
 
 
 def run_convert(
@@ -42,6 +44,8 @@ def run_convert(
     """
     if layout not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", hint=f"use one of {', '.join(LAYOUTS)}")
+    if checkpoint_path(Path(src)).exists():  # a run directory: its model, not a dataset
+        return _export_run(Path(src), Path(dst), layout, overwrite, to, keys, mapping)
     if layout != "swm" and to is not None:
         raise UsageError(f"--to and --layout {layout} together", hint="--to is for swm's formats")
     if layout != "swm" and skip_damaged:
@@ -69,6 +73,24 @@ def run_convert(
         shown = "; ".join(f"episode {e}: {why}" for e, why in list(copied.skipped.items())[:5])
         warnings.append(warn(f"left out {len(copied.skipped)} damaged episodes: {shown}"))
     return CommandResult(title="swm convert", fields=fields, warnings=warnings)
+
+
+def _export_run(
+    src: Path, dst: Path, layout: str, overwrite: bool, *dataset_options
+) -> CommandResult:
+    """``swm convert RUN_DIR DST --layout stable-worldmodel``: a LeWM run as the checkpoint
+    folder stable-worldmodel's ``load_pretrained`` loads (``lewm_checkpoints.export_lewm_run``);
+    ``dataset_options`` (--to, --keys, --map) are for datasets only."""
+    if layout != "stable-worldmodel" or any(dataset_options):
+        raise UsageError(
+            f"{src} is a run directory: it converts to --layout stable-worldmodel only, without "
+            "--to, --keys or --map",
+            hint=f"swm convert {src} {dst} --layout stable-worldmodel",
+        )
+    started = time.perf_counter()
+    fields = export_lewm_run(src, dst, overwrite)
+    fields["seconds"] = round(time.perf_counter() - started, 2)
+    return CommandResult(title="swm convert", fields=fields)
 
 
 def run_merge(
@@ -164,7 +186,6 @@ def run_info(
 
 def _info(path: str | Path, verify: bool, mapping: list[str] | None) -> CommandResult:
     import numpy as np
-
 
     reader = open_reader(path, parse_mapping(mapping))
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swmcli.config import SwmConfig, eval_budget, load_run_config
+from swmcli.config import SwmConfig, check_eval_changes, eval_budget, load_run_config
 from swmcli.data.clips import heldout_split
 from swmcli.data.formats import open_reader
 from swmcli.data.storage.lock import run_lock
@@ -40,6 +40,7 @@ from swmcli.planning.pictures import save_gif, save_strip
 from swmcli.planning.plan_videos import EpisodeVideos
 from swmcli.report import CommandResult, Table, info, warn
 from swmcli.training.checkpoints import checkpoint_path, load_checkpoint, restore_model
+from swmcli.training.lewm_checkpoints import is_lewm_folder, lewm_eval_config, load_lewm_model
 from swmcli.training.loggers import check_installed, log_once
 from swmcli.training.step import train_keys
 
@@ -49,19 +50,28 @@ PLANNER_KEYS = ("horizon", "samples", "iterations", "elites", "keep_elites", "no
 PLANNER_KEYS += ("cost", "replan_every", "shrink_horizon")
 
 
-def run_eval(
-    run_dir: Path, monitor, cfg: SwmConfig | None = None, video: bool = False
-) -> CommandResult:
-    """Evaluate the run in ``run_dir`` (its config.json and checkpoint.pt) with ``cfg``: the
-    run's saved config (the default), or that config with eval and runtime settings changed
-    (``config.load_run_config`` with flags, checked by ``config.check_eval_changes``); with
+def eval_config(run_dir: Path, flags=None, sets: list[str] | None = None) -> SwmConfig:
+    """What ``swm eval RUN_DIR`` runs with: the run's saved config with eval and runtime
+    settings changed by ``flags`` and ``sets``; for a stable-worldmodel LeWM checkpoint folder,
+    its model on the data ``sets`` names (``lewm_checkpoints.lewm_eval_config``)."""
+    if is_lewm_folder(run_dir):
+        return lewm_eval_config(Path(run_dir), flags, sets)
+    check_eval_changes(flags, sets)
+    return load_run_config(run_dir, flags, sets)
+
+
+def run_eval(run_dir: Path, monitor, cfg: SwmConfig | None = None, flags=None,
+             sets: list[str] | None = None, video: bool = False) -> CommandResult:  # fmt: skip
+    """Evaluate the run in ``run_dir`` (its config.json and checkpoint.pt, or a
+    stable-worldmodel LeWM checkpoint folder) with ``cfg``; without one, with
+    ``eval_config(run_dir, flags, sets)`` (the run's saved config when neither is given); with
     ``video``, each planned episode as an MP4 in ``RUN_DIR/eval/videos`` (``plan_videos``).
 
     Phases for the memory report: load, warm-up (compilation), open-loop error, then plan and
     random baseline when the env has goals.
     """
     run_dir = Path(run_dir)
-    cfg = cfg if cfg is not None else load_run_config(run_dir)
+    cfg = cfg if cfg is not None else eval_config(run_dir, flags, sets)
     check_installed(cfg.train.loggers)
     if video:
         require_av("swm eval --video")
@@ -149,6 +159,9 @@ def _goal_episodes(cfg: SwmConfig):
 
 def load_model(run_dir: Path, cfg: SwmConfig, runner):
     """The run's world model with its checkpoint's weights (prepared by ``runner``) and state."""
+    if is_lewm_folder(run_dir):
+        model, state = load_lewm_model(run_dir, cfg)
+        return runner.prepare(model), state
     state = load_checkpoint(run_dir)
     model = build_model(cfg.model, state["model_args"])
     restore_model(model, state, checkpoint_path(run_dir))

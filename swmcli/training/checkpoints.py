@@ -25,6 +25,7 @@ import numpy as np
 from swmcli.config import CONFIG_FILE, flat_settings
 from swmcli.errors import CheckpointError, UsageError, first_line
 from swmcli.report import warn
+from swmcli.training.lewm_checkpoints import is_lewm_folder, read_lewm_folder
 
 CHECKPOINT_FILE = "checkpoint.pt"
 PREVIOUS_FILE = "checkpoint.prev.pt"
@@ -273,15 +274,20 @@ def restore_model(model, state: dict[str, Any], path_for_errors: Path) -> None:
 
 
 def init_from_run(model, run_dir: Path) -> str:
-    """Load into ``model`` every weight of ``run_dir``'s verified checkpoint whose name and shape
-    match (``train.init_from``); returns a line for the log naming the parts whose weights were
+    """Load into ``model`` every weight of ``run_dir``'s verified checkpoint (or of a
+    stable-worldmodel LeWM folder's weights) whose name and shape match (``train.init_from``);
+    returns a line for the log naming the parts whose weights were
     left as initialized. A checkpoint that gives the model nothing is a UsageError."""
     if not Path(run_dir).is_dir():
         raise UsageError(
             f"train.init_from: {run_dir} is not a run directory",
-            hint="pass the directory of a trained run (it holds checkpoint.pt)",
+            hint="pass the directory of a trained run (it holds checkpoint.pt) or a "
+            "stable-worldmodel LeWM checkpoint folder",
         )
-    saved = load_checkpoint(Path(run_dir))["model"]
+    if is_lewm_folder(run_dir):
+        saved = read_lewm_folder(Path(run_dir)).weights
+    else:
+        saved = load_checkpoint(Path(run_dir))["model"]
     own = model.state_dict()
     matching = {
         name: tensor
