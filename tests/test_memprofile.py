@@ -134,6 +134,22 @@ def test_prediction_with_techniques_equals_real_cpu_live_peak(factory, modules, 
     assert predicted.peak_bytes == pytest.approx(measured, rel=0.05)
 
 
+def test_prediction_follows_the_optimizers_implementation():
+    """Each of train.optimizer_impl's AdamWs holds its own temporaries at the step, where this
+    model (large weights, a one-clip batch) peaks: each predicted as a real step holds it."""
+    peaks = {}
+    for impl in ("foreach", "for-loop", "fused"):
+        sets = [f'train.optimizer_impl="{impl}"', f'model.factory="{USER_MODEL}"']
+        cfg = resolve_config("tiny", sets=sets)
+        predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
+        variant = tiny_variant(cfg, batch_size=1)
+        model = predictor.model(variant.history_len, variant.frameskip)
+        make = predictor.step_maker(variant)
+        peaks[impl] = trace_step_peak(model, make, fake=True, round_bytes=1).peak_bytes
+        assert peaks[impl] == real_live_peak(copy.deepcopy(model), make), impl
+    assert len(set(peaks.values())) == 3, peaks
+
+
 @pytest.mark.parametrize("in_backward", [False, True], ids=["adamw", "optimizer-in-backward"])
 def test_optimizer_state_remade_from_its_shapes_predicts_as_the_update_made_it(in_backward):
     """The first training row of a model shape makes the optimizer state by an update; later
