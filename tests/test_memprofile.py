@@ -354,12 +354,15 @@ def test_a_conv_groupnorm_model_is_predicted_for_cuda_or_the_cpu_and_skips_rows_
         title = payload["tables"][0]["title"]
         assert f"predicted for {'CUDA' if device == 'cuda' else 'the CPU'}" in title
         techniques = [row[0] for row in payload["tables"][0]["rows"]]
-        assert "activation checkpointing (ConvStage)" in techniques and "batch 8" in techniques
-        assert "history 6" not in techniques
+        asked = "bf16 + activation checkpointing (ConvStage)"
+        # The combination asked for is a row; a row run with it names it.
+        assert f"as asked: {asked}" in techniques and f"batch 8, {asked}" in techniques
+        assert "activation checkpointing (ConvStage)" in techniques
+        assert f"history 6, {asked}" not in techniques
         skipped = [note for note in payload["notes"] if "skipped" in note]
         assert [note.split(" skipped")[0] for note in skipped] == [
-            "row 'frameskip 1, same span (6 frames)'",
-            "row 'history 6'",
+            f"row 'frameskip 1, same span (6 frames), {asked}'",
+            f"row 'history 6, {asked}'",
         ]
         assert "the model cannot take" in skipped[0] and "RuntimeError" in skipped[0]
     peaks = {device: p["predicted_train_peak_bytes"] for device, p in by_device.items()}
