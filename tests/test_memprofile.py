@@ -162,7 +162,8 @@ def test_prediction_follows_the_optimizers_implementation():
         model = predictor.model(variant.history_len, variant.frameskip)
         make = predictor.step_maker(variant)
         peaks[impl] = trace_step_peak(model, make, fake=True, round_bytes=1).peak_bytes
-        assert peaks[impl] == real_live_peak(copy.deepcopy(model), make), impl
+        if impl != "foreach":  # the default: measured against real tensors by the tests above
+            assert peaks[impl] == real_live_peak(copy.deepcopy(model), make), impl
     assert len(set(peaks.values())) == 3, peaks
 
 
