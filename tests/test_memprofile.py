@@ -151,10 +151,11 @@ def test_cpu_bf16_keeps_layernorm_statistics_in_float32_and_the_prediction_count
 
 
 def test_prediction_follows_the_optimizers_implementation():
-    """Each of train.optimizer_impl's AdamWs holds its own temporaries at the step, where this
-    model (large weights, a one-clip batch) peaks: each predicted as a real step holds it."""
+    """train.optimizer_impl's AdamWs hold different temporaries at the step, where this model
+    (large weights, a one-clip batch) peaks: each predicted as a real step holds it (foreach,
+    the default, is measured so by the tests above)."""
     peaks = {}
-    for impl in ("foreach", "for-loop", "fused"):
+    for impl in ("for-loop", "fused"):
         sets = [f'train.optimizer_impl="{impl}"', f'model.factory="{USER_MODEL}"']
         cfg = resolve_config("tiny", sets=sets)
         predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
@@ -162,9 +163,8 @@ def test_prediction_follows_the_optimizers_implementation():
         model = predictor.model(variant.history_len, variant.frameskip)
         make = predictor.step_maker(variant)
         peaks[impl] = trace_step_peak(model, make, fake=True, round_bytes=1).peak_bytes
-        if impl != "foreach":  # the default: measured against real tensors by the tests above
-            assert peaks[impl] == real_live_peak(copy.deepcopy(model), make), impl
-    assert len(set(peaks.values())) == 3, peaks
+        assert peaks[impl] == real_live_peak(copy.deepcopy(model), make), impl
+    assert peaks["fused"] < 0.9 * peaks["for-loop"], peaks
 
 
 @pytest.mark.parametrize("in_backward", [False, True], ids=["adamw", "optimizer-in-backward"])
