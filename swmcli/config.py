@@ -397,6 +397,7 @@ class TrainConfig(Section):
         "(torch's default on CUDA), for-loop one parameter at a time (its default on the CPU), "
         "fused in one kernel per step (CUDA and the CPU have it); each holds different "
         "temporaries at the step, and the memory prediction follows the one set",
+        json_schema_extra=flag(metavar="IMPL"),
     )
     grad_clip: float = Field(
         1.0,
