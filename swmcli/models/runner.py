@@ -68,8 +68,8 @@ class Runner:
             return None
         if "loss" in compiled_methods(model):
             return (
-                "compile: the model's own loss (the whole forward, encode and predict inside it) "
-                "and its backward; eager: the optimizer step"
+                "compile: the model's own loss (its whole forward) and its backward, encode and "
+                "predict; eager: the optimizer step"
             )
         return (
             "compile: encode and predict and their backward; eager: swm's loss terms around "
