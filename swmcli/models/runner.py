@@ -62,18 +62,19 @@ class Runner:
         return model
 
     def compile_note(self, model: torch.nn.Module) -> str | None:
-        """One line with compile on: what training's step compiles, and what runs eager; None
-        with compile off."""
+        """One line with compile on: what training's step compiles, and what runs eager and
+        why; None with compile off."""
         if not self.compile:
             return None
+        optimizer = "the optimizer step (torch's own AdamW kernels)"
         if "loss" in compiled_methods(model):
             return (
                 "compile: the model's own loss (its whole forward) and its backward, encode and "
-                "predict; eager: the optimizer step"
+                f"predict; eager: {optimizer}"
             )
         return (
             "compile: encode and predict and their backward; eager: swm's loss terms around "
-            "them (a few reductions) and the optimizer step"
+            f"them (a few reductions, little to gain) and {optimizer}"
         )
 
     def eager(self, model: torch.nn.Module) -> None:
