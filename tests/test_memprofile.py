@@ -140,7 +140,7 @@ def test_cpu_bf16_keeps_layernorm_statistics_in_float32_and_the_prediction_count
     and rstd in float32 (the fake kernel: bf16): predicted within 0.5% of the real step."""
     cfg = resolve_config("tiny", sets=[f'model.factory="{LAYERNORM_MODEL}"'])
     predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution), "cpu")
-    variant = tiny_variant(cfg, bf16=True)
+    variant = tiny_variant(cfg, bf16=True, batch_size=2)
     model = predictor.model(variant.history_len, variant.frameskip)
     make = predictor.step_maker(variant)
 
