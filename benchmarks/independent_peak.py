@@ -4,8 +4,8 @@
 The model is any protocol model with its own ``loss`` (docs/bring-your-model.md), built by its
 factory; nothing of swm is imported. The step is the one `swm train` runs (forward under CPU
 autocast with --bf16, backward, global-norm clipping unless the optimizer steps in backward,
-foreach AdamW), twice, as memprofile predicts it; the memory techniques are made here with
-torch's own parts. Two counts of the peak:
+AdamW: foreach unless --optimizer-impl says otherwise), twice, as memprofile predicts it; the
+memory techniques are made here with torch's own parts. Two counts of the peak:
 
 - ``profiler``: torch.profiler's allocator events (``profile_memory=True``), a running sum from
   the bytes alive when it starts (parameters, buffers, the batch);
@@ -13,7 +13,8 @@ torch's own parts. Two counts of the peak:
   to its free (weakref finalizers).
 
     python benchmarks/independent_peak.py --model path/to/model.py:build --resolution 224 \
-        --batch-size 16 [--bf16] [--checkpoint layers|CLASS] [--in-backward] [--count storages]
+        --batch-size 16 [--bf16] [--checkpoint layers|CLASS] [--in-backward] [--count storages] \
+        [--optimizer-impl foreach|for-loop|fused]
 """
 
 import argparse
@@ -47,7 +48,14 @@ def wrap(module, chosen):
             wrap(child, chosen)
 
 
-def in_backward_adamw(net):
+IMPLEMENTATIONS = {
+    "foreach": {"foreach": True},
+    "for-loop": {"foreach": False},
+    "fused": {"fused": True},
+}
+
+
+def in_backward_adamw(net, impl: dict):
     optimizers, norms = {}, []
 
     def hook(parameter):
@@ -57,7 +65,7 @@ def in_backward_adamw(net):
 
     for parameter in net.parameters():
         optimizers[parameter] = torch.optim.AdamW(
-            [parameter], lr=5e-4, weight_decay=0.05, foreach=True
+            [parameter], lr=5e-4, weight_decay=0.05, **impl
         )
         parameter.register_post_accumulate_grad_hook(hook)
     return norms
@@ -121,6 +129,7 @@ def main():
     parser.add_argument("--checkpoint")
     parser.add_argument("--in-backward", action="store_true")
     parser.add_argument("--count", choices=["profiler", "storages"], default="profiler")
+    parser.add_argument("--optimizer-impl", choices=list(IMPLEMENTATIONS), default="foreach")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -140,10 +149,11 @@ def main():
         "action": torch.zeros(args.batch_size, steps, args.frameskip * args.action_dim),
     }
     if args.in_backward:
-        norms = in_backward_adamw(net)
+        norms = in_backward_adamw(net, IMPLEMENTATIONS[args.optimizer_impl])
         optimizer = None
     else:
-        optimizer = torch.optim.AdamW(net.parameters(), lr=5e-4, weight_decay=0.05, foreach=True)
+        impl = IMPLEMENTATIONS[args.optimizer_impl]
+        optimizer = torch.optim.AdamW(net.parameters(), lr=5e-4, weight_decay=0.05, **impl)
 
     def step():
         if optimizer is not None:

@@ -33,10 +33,15 @@ SEED_MAX = 2**32 - 1  # what numpy's legacy seeding and gymnasium accept everywh
 CONFIG_FILE = "config.json"
 
 
-def flag(name: str | None = None, *, metavar: str | None = None) -> dict[str, str]:
+def flag(
+    name: str | None = None, *, metavar: str | None = None, help_in: dict[str, str] | None = None
+) -> dict:
     """How a setting reads on the command line when not ``--key TYPE``: its flag (``"--env"``,
-    ``"--bf16/--fp32"`` for a switch) or the word for its value (``"SIZE"``)."""
-    return {k: v for k, v in (("flag", name), ("metavar", metavar)) if v is not None}
+    ``"--bf16/--fp32"`` for a switch), the word for its value (``"SIZE"``), and ``help_in``:
+    its help in a command where the setting does something else than its description says
+    (``{"memprofile": "..."}``)."""
+    pairs = (("flag", name), ("metavar", metavar), ("help_in", help_in))
+    return {k: v for k, v in pairs if v is not None}
 
 
 def format_name(value: Any) -> Any:
@@ -118,6 +123,13 @@ class CollectConfig(Section):
         description="the ReplayBuffer's capacity in steps (host RAM), as "
         "ReplayBuffer(max_steps=...); without --episodes or --steps, collect stops once this "
         "many steps are written",
+        json_schema_extra=flag(
+            help_in={
+                "memprofile": "the ReplayBuffer's capacity in steps, as "
+                "ReplayBuffer(max_steps=...): its host RAM and this many steps' size on disk "
+                "are predicted"
+            }
+        ),
     )
     policy: Annotated[str, _policy_name("expert", "random")] = Field(
         "expert",
@@ -324,8 +336,12 @@ class RuntimeConfig(Section):
     )
     compile: bool = Field(
         False,
-        description="torch.compile encoder and predictor separately",
-        json_schema_extra=flag("--compile/--eager"),
+        description="torch.compile the model's encode and predict separately, and its own loss "
+        "when it has one",
+        json_schema_extra=flag(
+            "--compile/--eager",
+            help_in={"eval": "torch.compile the model's encode and predict separately"},
+        ),
     )
     cpu_threads: PositiveInt | None = Field(
         None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
@@ -334,12 +350,19 @@ class RuntimeConfig(Section):
         1,
         description="data-parallel processes, one per GPU (or CPU processes): swm train "
         "launches them with torchrun",
+        json_schema_extra=flag(
+            help_in={
+                "memprofile": "data-parallel ranks to predict for: a training row is one rank's "
+                "peak (its share of the batch, DDP's gradient buckets or its shard)"
+            }
+        ),
     )
     activation_checkpointing: str | None = Field(
         None,
         description="recompute these modules' activations in backward instead of keeping "
-        "them: 'layers' (the transformer layers) or module class names, comma-separated; "
-        "saves most activation memory, costs about a third more compute",
+        "them: 'layers' (every child of the model's nn.ModuleLists: swm's model's transformer "
+        "layers) or module class names, comma-separated; saves most activation memory, costs "
+        "about a third more compute",
         json_schema_extra=flag(metavar="MODULES"),
     )
     optimizer_in_backward: bool = Field(
@@ -368,6 +391,14 @@ class TrainConfig(Section):
     grad_accum: PositiveInt = Field(1, description="micro-batches per optimizer step")
     lr: float = Field(5e-4, gt=0, description="peak learning rate (warm-up, then cosine)")
     weight_decay: float = Field(0.05, ge=0, description="AdamW weight decay")
+    optimizer_impl: Literal["foreach", "for-loop", "fused"] = Field(
+        "foreach",
+        description="AdamW's implementation in torch: foreach updates every parameter at once "
+        "(torch's default on CUDA), for-loop one parameter at a time (its default on the CPU), "
+        "fused in one kernel per step (CUDA and the CPU have it); each holds different "
+        "temporaries at the step, and the memory prediction follows the one set",
+        json_schema_extra=flag(metavar="IMPL"),
+    )
     grad_clip: float = Field(
         1.0,
         ge=0,

@@ -74,6 +74,11 @@ class UserCodeError(SwmError):
     logger): named with the user's function, file and line, never as a bug in swm (exit 1)."""
 
 
+class InternalError(RuntimeError):
+    """An error of swm's own machinery (a dispatch mode, a hook) that surfaced while it ran the
+    user's code: swm's, so ``blame_user`` names no user frame for it, whatever called it."""
+
+
 # The files of the modules swm imports on the user's behalf (``--model``, ``--policy
 # module:factory``, ``--env module:Id`` and its env's class): a traceback frame in one of them
 # is the user's code.
@@ -94,6 +99,8 @@ def _user_frame(error: BaseException) -> tuple[str | None, str, int] | None:
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
+        if isinstance(error, InternalError):
+            return None
         syntax = isinstance(error, SyntaxError) and error.filename
         if syntax and os.path.realpath(error.filename) in _USER_FILES:
             return None, error.filename, error.lineno or 0
@@ -159,6 +166,8 @@ def describe_unexpected(err: Exception) -> tuple[str, str]:
     if blamed is not None:
         return blamed.message, blamed.hint
     message = first_line(err)
+    if isinstance(err, InternalError):
+        return message, "this is a bug in swm: rerun with SWM_DEBUG=1 and report the traceback"
     if isinstance(err, MemoryError):
         return (
             f"out of memory: {message}",

@@ -97,7 +97,8 @@ def test_every_settings_option_is_a_config_field_with_its_description_as_help():
         for param in generated:
             section, key = param.name.split("__")
             field = SwmConfig.model_fields[section].annotation.model_fields[key]
-            assert param.help.startswith(field.description), (command, param.name)
+            own = (field.json_schema_extra or {}).get("help_in", {}).get(command)
+            assert param.help.startswith(own or field.description), (command, param.name)
     # Only the settings' options are made from the config: no help text is written twice.
     other = [p.help for c in commands.values() for p in c.params if "__" not in p.name]
     descriptions = {
@@ -106,6 +107,30 @@ def test_every_settings_option_is_a_config_field_with_its_description_as_help():
         for field in section.annotation.model_fields.values()
     }
     assert not descriptions & set(other)
+
+
+def test_every_commands_help_is_its_own():
+    """No flag's help tells what another command does ("collect stops ...", "swm train launches
+    ..."): a setting shared by commands says what it does in each."""
+    import re
+
+    import typer.main
+
+    commands = typer.main.get_command(app).commands
+    names = "|".join(commands)
+    verbs = "stops|launches|writes|reads|runs|collects|trains|plans|predicts|measures|keeps|saves"
+    behaviour = re.compile(rf"\b(?:swm )?({names})\s+(?:{verbs})\b")
+    borrowed = [
+        (command, param.opts[0], found)
+        for command, cli_command in commands.items()
+        for param in cli_command.params
+        for found in behaviour.findall(param.help or "")
+        if found != command
+    ]
+    assert borrowed == []
+    shown = runner.invoke(app, ["memprofile", "--help"], env={"COLUMNS": "400"}).output
+    checkpointing = " ".join(shown.split("--activation-checkpointing", 1)[1].split()[:40])
+    assert "every child of the model's nn.ModuleLists" in checkpointing
 
 
 def test_the_users_words_are_first_class():

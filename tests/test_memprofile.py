@@ -42,6 +42,7 @@ from swmcli.memory.trace import (
 
 USER_MODEL = str(Path(__file__).parent / "models" / "mlp_world_model.py") + ":build"
 CONV_MODEL = str(Path(__file__).parent / "models" / "conv_world_model.py") + ":build"
+LAYERNORM_MODEL = str(Path(__file__).parent / "models" / "layernorm_world_model.py") + ":build"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
@@ -132,6 +133,38 @@ def test_prediction_with_techniques_equals_real_cpu_live_peak(factory, modules, 
     measured = real_live_peak(copy.deepcopy(model), make)
 
     assert predicted.peak_bytes == pytest.approx(measured, rel=0.05)
+
+
+def test_cpu_bf16_keeps_layernorm_statistics_in_float32_and_the_prediction_counts_them():
+    """Under CPU autocast a LayerNorm of bf16 activations with float32 weights saves its mean
+    and rstd in float32 (the fake kernel: bf16): predicted within 0.5% of the real step."""
+    cfg = resolve_config("tiny", sets=[f'model.factory="{LAYERNORM_MODEL}"'])
+    predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution), "cpu")
+    variant = tiny_variant(cfg, bf16=True, batch_size=2)
+    model = predictor.model(variant.history_len, variant.frameskip)
+    make = predictor.step_maker(variant)
+
+    predicted = trace_step_peak(model, make, fake=True, round_bytes=1)
+    measured = real_live_peak(copy.deepcopy(model), make)
+
+    assert predicted.peak_bytes == pytest.approx(measured, rel=0.005)
+
+
+def test_prediction_follows_the_optimizers_implementation():
+    """train.optimizer_impl's AdamWs hold different temporaries at the step, where this model
+    (large weights, a one-clip batch) peaks: each predicted as a real step holds it (foreach,
+    the default, is measured so by the tests above)."""
+    peaks = {}
+    for impl in ("for-loop", "fused"):
+        sets = [f'train.optimizer_impl="{impl}"', f'model.factory="{USER_MODEL}"']
+        cfg = resolve_config("tiny", sets=sets)
+        predictor = PeakPredictor(cfg, tworoom_step(cfg.env.resolution))
+        variant = tiny_variant(cfg, batch_size=1)
+        model = predictor.model(variant.history_len, variant.frameskip)
+        make = predictor.step_maker(variant)
+        peaks[impl] = trace_step_peak(model, make, fake=True, round_bytes=1).peak_bytes
+        assert peaks[impl] == real_live_peak(copy.deepcopy(model), make), impl
+    assert peaks["fused"] < 0.9 * peaks["for-loop"], peaks
 
 
 @pytest.mark.parametrize("in_backward", [False, True], ids=["adamw", "optimizer-in-backward"])
@@ -338,12 +371,15 @@ def test_a_conv_groupnorm_model_is_predicted_for_cuda_or_the_cpu_and_skips_rows_
         title = payload["tables"][0]["title"]
         assert f"predicted for {'CUDA' if device == 'cuda' else 'the CPU'}" in title
         techniques = [row[0] for row in payload["tables"][0]["rows"]]
-        assert "activation checkpointing (ConvStage)" in techniques and "batch 8" in techniques
-        assert "history 6" not in techniques
+        asked = "bf16 + activation checkpointing (ConvStage)"
+        # The combination asked for is a row; a row run with it names it.
+        assert f"as asked: {asked}" in techniques and f"batch 8, {asked}" in techniques
+        assert "activation checkpointing (ConvStage)" in techniques
+        assert f"history 6, {asked}" not in techniques
         skipped = [note for note in payload["notes"] if "skipped" in note]
         assert [note.split(" skipped")[0] for note in skipped] == [
-            "row 'frameskip 1, same span (6 frames)'",
-            "row 'history 6'",
+            f"row 'frameskip 1, same span (6 frames), {asked}'",
+            f"row 'history 6, {asked}'",
         ]
         assert "the model cannot take" in skipped[0] and "RuntimeError" in skipped[0]
     peaks = {device: p["predicted_train_peak_bytes"] for device, p in by_device.items()}

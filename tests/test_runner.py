@@ -78,3 +78,28 @@ def test_bf16_autocast_trains_tiny_model():
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
+
+
+def test_compile_compiles_a_models_own_loss_and_says_what_runs_eager():
+    """A model with its own loss trains through it, not through encode/predict: --compile
+    compiles it too (each compiled on its first call), and one line says what stays eager."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent / "models" / "layernorm_world_model.py"
+    spec = importlib.util.spec_from_file_location("layernorm_world_model_runner", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    own, jepa = module.build(action_dim=2, frameskip=1), _model()
+    runner = make_runner(compile=True, device="cpu")
+    for model in (own, jepa):
+        runner.prepare(model)
+    for name in ("encode", "predict", "loss"):
+        compiled = getattr(own, name)  # the compiled wrapper of the model's own bound method
+        assert compiled._torchdynamo_orig_callable == getattr(type(own), name).__get__(own)
+    assert "loss" not in jepa.__dict__  # swm's own model has no loss to compile
+    assert runner.compile_note(own).startswith("compile: the model's own loss")
+    assert "eager: swm's loss terms" in runner.compile_note(jepa)
+    runner.eager(own)
+    assert not hasattr(own.loss, "_torchdynamo_orig_callable")
+    assert make_runner().compile_note(own) is None

@@ -32,7 +32,7 @@ SETTINGS = {
         "online.updates_per_step", "online.warmup_steps", "online.max_steps", "online.record",
         "runtime.nproc", "train.loggers", "data.skip_damaged", "model.factory",
         "runtime.activation_checkpointing", "runtime.optimizer_in_backward", "runtime.shard",
-        "train.grad_clip", "train.init_from", "train.freeze",
+        "train.grad_clip", "train.init_from", "train.freeze", "train.optimizer_impl",
     ),
     "eval": (
         "eval.protocol", "eval.episodes", "eval.goal_offset", "eval.step_budget", "eval.planner",
@@ -44,7 +44,7 @@ SETTINGS = {
         "collect.max_steps", "runtime.bf16", "memprofile.budget", "memprofile.ram_budget",
         "runtime.nproc", "model.factory", "runtime.activation_checkpointing",
         "runtime.optimizer_in_backward", "runtime.shard", "train.grad_clip",
-        "train.freeze", "memprofile.picture", "memprofile.predict_for",
+        "train.freeze", "train.optimizer_impl", "memprofile.picture", "memprofile.predict_for",
     ),
 }  # fmt: skip
 
@@ -52,7 +52,7 @@ SETTINGS = {
 def settings_options(command: str, default_note: str | None) -> dict[str, inspect.Parameter]:
     """``{section.key: keyword parameter}``: the options of ``command``'s settings;
     ``default_note`` replaces each default in the help (e.g. "the run's setting")."""
-    return {dotted: _setting_option(dotted, default_note) for dotted in SETTINGS[command]}
+    return {dotted: _setting_option(dotted, command, default_note) for dotted in SETTINGS[command]}
 
 
 def _field(dotted: str):
@@ -74,8 +74,9 @@ def _value_type(field) -> type:
     return str
 
 
-def _setting_option(dotted: str, default_note: str | None) -> inspect.Parameter:
-    """The option that sets ``dotted``, from its config field: flag, type, help and default."""
+def _setting_option(dotted: str, command: str, default_note: str | None) -> inspect.Parameter:
+    """The option that sets ``dotted`` in ``command``, from its config field: flag, type, help
+    (the command's own where the field has one) and default."""
     field = _field(dotted)
     extra = field.json_schema_extra or {}
     kind = _value_type(field)
@@ -85,7 +86,8 @@ def _setting_option(dotted: str, default_note: str | None) -> inspect.Parameter:
         on, _, off = spelled.partition("/")  # a switch's default reads as its flag: --fp32
         default_note = (on if field.default else off) if kind is bool else str(field.default)
     note = f" (default: {default_note})" if default_note else ""
-    option = typer.Option(spelled, help=field.description + note, metavar=extra.get("metavar"))
+    described = extra.get("help_in", {}).get(command, field.description)
+    option = typer.Option(spelled, help=described + note, metavar=extra.get("metavar"))
     return _keyword(dotted, Annotated[kind | None, option])
 
 

@@ -195,32 +195,44 @@ def _real_step(variant: Variant, predictor: PeakPredictor) -> Callable[[], Any]:
 
 def technique_rows(cfg: SwmConfig, techniques: list[Technique]) -> list[Row]:
     """One row per technique, each against the fp32 eager training baseline (the first row);
-    each of the training step's ``techniques`` is one row too."""
+    each of the training step's ``techniques`` is one row too, and the combination the config
+    asks for is one. A row run with the configured techniques (compile's, other clip shapes)
+    names them in its title."""
     configured = _configured(cfg)
     base = without_techniques(configured)
     history, frameskip = base.history_len, base.frameskip
+    asked = _asked(configured, techniques)
+    with_asked = f", {asked}" if asked else ""
     rows = [
         Row("fp32 train (baseline)", base),
         Row("bf16 autocast train", replace(base, bf16=True)),
-        Row("torch.compile train", replace(configured, compile=True)),
+        Row(f"torch.compile train{with_asked}", replace(configured, compile=True)),
         Row("eval with gradients", replace(base, kind="eval")),
         Row("gradient-free eval", replace(base, kind="eval", grad_free=True)),
         Row("gradient-free eval + bf16", replace(base, kind="eval", grad_free=True, bf16=True)),
     ]
     for technique in techniques[1:]:  # bf16 has its rows above
         rows.append(Row(technique.name, replace(base, **dict(technique.settings))))
+    if configured not in [row.variant for row in rows]:
+        rows.append(Row(f"as asked: {asked}", configured))
     if frameskip > 1:
         same_span = replace(configured, history_len=history * frameskip, frameskip=1)
-        span = f"frameskip 1, same span ({history * frameskip} frames)"
+        span = f"frameskip 1, same span ({history * frameskip} frames){with_asked}"
         rows.append(Row(span, same_span, extra=True))
     # Half the history when that still leaves a target to predict, else double it.
     other_history = history // 2 if history >= 4 else 2 * history
     shorter = replace(configured, history_len=other_history)
-    rows.append(Row(f"history {other_history}", shorter, extra=True))
+    rows.append(Row(f"history {other_history}{with_asked}", shorter, extra=True))
     if base.batch_size > 1:
         half = replace(configured, batch_size=base.batch_size // 2)
-        rows.append(Row(f"batch {half.batch_size}", half, extra=True))
+        rows.append(Row(f"batch {half.batch_size}{with_asked}", half, extra=True))
     return rows
+
+
+def _asked(variant: Variant, techniques: list[Technique]) -> str:
+    """The names of the ``techniques`` that ``variant`` runs with ("" for none)."""
+    on = [one for one in techniques if all(getattr(variant, k) == v for k, v in one.settings)]
+    return " + ".join(one.name for one in on)
 
 
 def predict_rows(rows: list[Row], predictor: PeakPredictor) -> tuple[list[Row], list[str]]:
@@ -274,7 +286,7 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
     techniques = applicable_techniques(cfg, predictor)
     with monitor.phase("predict"):
         rows, skipped = predict_rows(technique_rows(cfg, techniques), predictor)
-        budget_fit = _fit_budget(cfg, predictor, rows)
+        budget_fit = _fit_budget(cfg, predictor, rows, _asked(_configured(cfg), techniques))
         options = (
             combinations(predictor, _configured(cfg), techniques) if cfg.memprofile.budget else []
         )
@@ -348,10 +360,11 @@ def _configured(cfg: SwmConfig, kind: str = "train") -> Variant:
     )
 
 
-def _fit_budget(cfg: SwmConfig, predictor: PeakPredictor, rows: list[Row]):
+def _fit_budget(cfg: SwmConfig, predictor: PeakPredictor, rows: list[Row], asked: str):
     """(batch, needed bytes) of the largest configured training batch within the budget.
 
-    Adds a row for that batch, so it is measured too on a GPU.
+    Adds a row for that batch (its title naming the ``asked`` techniques), so it is measured too
+    on a GPU.
     """
     budget = cfg.memprofile.budget
     if budget is None:
@@ -374,7 +387,8 @@ def _fit_budget(cfg: SwmConfig, predictor: PeakPredictor, rows: list[Row]):
     if not best:
         return 0, None
     variant = replace(configured, batch_size=best)
-    rows.append(Row(f"batch {best}: largest in budget", variant, predictor.predict(variant)))
+    title = f"batch {best}: largest in budget" + (f", {asked}" if asked else "")
+    rows.append(Row(title, variant, predictor.predict(variant)))
     return best, need(best)
 
 

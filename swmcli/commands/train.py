@@ -146,6 +146,8 @@ def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
         elif cfg.train.init_from:
             info(checkpoints.init_from_run(model, cfg.train.init_from))
         runner.prepare(model)
+        if note := runner.compile_note(model):
+            info(note)
         net = recipe.net_to_train(model, cfg, world, runner.device)
         # After .to(device) and sharding: the optimizer's state sits where the parameters do.
         optimizer = recipe.make_optimizer(model, cfg.train, cfg.runtime.optimizer_in_backward)

@@ -16,7 +16,54 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from swmcli.errors import InternalError
 from swmcli.host import proc_bytes_field, total_host_bytes
+
+
+def run_op(mode, func, args: tuple, kwargs: dict):
+    """``func(*args, **kwargs)`` inside the dispatch mode ``mode``, as it runs without the mode.
+
+    An operator torch implements by composing others (``CompositeImplicitAutograd``: GRUCell's
+    ``gru_cell``, ``linear``) reaches a dispatch mode whole only where autograd is off
+    (``inference_mode``), and below autocast: run as it is, its parts would skip autocast's casts
+    (bf16 activations against fp32 weights: "mat1 and mat2 must have the same dtype"). Its parts
+    run instead with the caller's dispatch state restored (autocast on again) and ``mode``
+    pushed back, so each is cast and counted as it would be untracked. An operator that still
+    fails is run once more untracked: failing there too, the error is the caller's; running, it
+    is swm's (``InternalError``).
+    """
+    import torch
+
+    try:
+        if _is_composite(func):
+            with torch._C._RestorePythonTLSSnapshot(), mode:
+                return func.decompose(*args, **kwargs)
+        return func(*args, **kwargs)
+    except InternalError:
+        raise
+    except Exception as error:
+        with torch._C._RestorePythonTLSSnapshot():
+            func(*args, **kwargs)  # raises the caller's own error, if it is theirs
+        raise InternalError(
+            f"swm's live-tensor tracking broke {func} ({type(error).__name__}: {error}), "
+            "which runs without it"
+        ) from error
+
+
+_COMPOSITE: dict = {}
+
+
+def _is_composite(func) -> bool:
+    """Whether torch implements ``func`` by composing other operators (cached per operator)."""
+    import torch
+
+    found = _COMPOSITE.get(func)
+    if found is None:
+        found = torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), torch._C.DispatchKey.CompositeImplicitAutograd
+        )
+        _COMPOSITE[func] = found
+    return found
 
 
 def peak_rss_bytes() -> int:
@@ -143,10 +190,13 @@ class LiveTensorBytes:
 
         class _Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                for leaf in tree_leaves((args, kwargs, out)):
-                    if isinstance(leaf, torch.Tensor):
-                        tracker._track(leaf.untyped_storage())
+                out = run_op(self, func, args, kwargs or {})
+                try:
+                    for leaf in tree_leaves((args, kwargs, out)):
+                        if isinstance(leaf, torch.Tensor):
+                            tracker._track(leaf.untyped_storage())
+                except Exception as error:
+                    raise InternalError(f"swm's live-tensor tracking failed: {error}") from error
                 return out
 
         self._mode = _Mode()

@@ -201,14 +201,21 @@ class _StateTensor:
 
 
 def _entry(value):
-    """What remakes one state value: a ``_StateTensor`` for a tensor, else the value itself."""
+    """What remakes one state value: a ``_StateTensor`` for a tensor, else the value itself. A
+    scalar keeps its value where it has one to read (a fused AdamW's step is a fake tensor on
+    the parameters' device: its value is never read on the host)."""
     import torch
+    from torch._subclasses.fake_tensor import DataDependentOutputException
 
     if not isinstance(value, torch.Tensor):
         return value
+    layout = (value.shape, value.stride())
     if value.dim() == 0:
-        return _StateTensor((), value.dtype, value.device, value.item())
-    return _StateTensor((value.shape, value.stride()), value.dtype, value.device, None)
+        try:
+            return _StateTensor((), value.dtype, value.device, value.item())
+        except DataDependentOutputException:
+            pass
+    return _StateTensor(layout, value.dtype, value.device, None)
 
 
 def _remade(entry):

@@ -8,12 +8,16 @@ tensor. Measuring is ``measure.py``.
 """
 
 import contextlib
+import functools
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+
+from swmcli.errors import InternalError
+from swmcli.memory.measure import run_op
 
 #: What a byte alive at the peak is for. "optimizer_state" also holds the temporaries of the
 #: optimizer step (foreach AdamW makes a few parameter-sized ones), as torch's MemTracker does.
@@ -147,10 +151,13 @@ class CategorisedLiveBytes:
                     # Allocates nothing, and most calls of a fake step are these (the autograd
                     # engine and every foreach kernel ask each tensor): the tensor answers.
                     return args[0].device
-                out = func(*args, **(kwargs or {}))
-                category = tracker._category_now()
-                for tensor in _tensors((out, args, kwargs)):
-                    tracker._track(tensor.untyped_storage(), category)
+                out = cpu_norm_statistics(func, args, run_op(self, func, args, kwargs or {}))
+                try:
+                    category = tracker._category_now()
+                    for tensor in _tensors((out, args, kwargs)):
+                        tracker._track(tensor.untyped_storage(), category)
+                except Exception as error:
+                    raise InternalError(f"swm's tensor trace failed: {error}") from error
                 return out
 
         def _enter_step(*_):
@@ -174,6 +181,34 @@ class CategorisedLiveBytes:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+def cpu_norm_statistics(func, args: tuple, out):
+    """``out`` of ``func``, with a CPU LayerNorm's or GroupNorm's saved mean and rstd in float32
+    where the CPU kernel keeps them so.
+
+    Under CPU autocast a norm takes bf16 (or fp16) activations with float32 weights; the CPU
+    kernel then saves its statistics for backward in float32, the weights' type, while the fake
+    kernel gives them the input's type (half their bytes). Real kernels' outputs pass as they are.
+    """
+    import torch
+
+    weight_index = _norm_weight_index().get(func)
+    if weight_index is None or out[1].dtype not in (torch.bfloat16, torch.float16):
+        return out
+    weight = args[weight_index] if len(args) > weight_index else None
+    if weight is None or weight.dtype != torch.float32 or out[1].device.type != "cpu":
+        return out
+    return out[0], out[1].float(), out[2].float()
+
+
+@functools.cache
+def _norm_weight_index() -> dict:
+    """The norms whose CPU statistics follow their weights' type: where their weight is."""
+    import torch
+
+    aten = torch.ops.aten
+    return {aten.native_layer_norm.default: 2, aten.native_group_norm.default: 1}
 
 
 def _tensors(value) -> Iterator:

@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
-COMPILED_METHODS = ("encode", "predict")  # the world-model protocol's (models/interface.py)
+#: The world-model protocol's methods (models/interface.py) that ``--compile`` compiles, each
+#: where the model has it: a model's own ``loss`` is its whole training forward.
+COMPILED_METHODS = ("encode", "predict", "loss")
 
 
 @dataclass
@@ -44,19 +46,36 @@ class Runner:
         return torch.autocast(self.device_type, dtype=self.dtype)
 
     def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move ``model`` to the device and, if asked, compile its ``encode`` and ``predict``.
+        """Move ``model`` to the device and, if asked, compile its ``encode``, ``predict`` and
+        its own ``loss`` where it has one.
 
-        The two are compiled separately (their shapes differ: frames vs token sequences), for
-        any protocol model; the plain module stays the one saved and the fallback when
-        compilation fails.
+        Each is compiled separately (their shapes differ: frames vs token sequences; a loss
+        calling the other two traces through them), for any protocol model; the plain module
+        stays the one saved and the fallback when compilation fails.
         """
         model.to(self.device)
         if self.compile:
             # Instance attributes shadow the methods: nothing enters the module tree or the
             # state_dict, and ``eager`` deletes them to fall back to the plain methods.
-            for name in COMPILED_METHODS:
+            for name in compiled_methods(model):
                 object.__setattr__(model, name, torch.compile(getattr(model, name)))
         return model
+
+    def compile_note(self, model: torch.nn.Module) -> str | None:
+        """One line with compile on: what training's step compiles, and what runs eager and
+        why; None with compile off."""
+        if not self.compile:
+            return None
+        optimizer = "the optimizer step (torch's own AdamW kernels)"
+        if "loss" in compiled_methods(model):
+            return (
+                "compile: the model's own loss (its whole forward) and its backward, encode and "
+                f"predict; eager: {optimizer}"
+            )
+        return (
+            "compile: encode and predict and their backward; eager: swm's loss terms around "
+            f"them (a few reductions, little to gain) and {optimizer}"
+        )
 
     def eager(self, model: torch.nn.Module) -> None:
         """Drop the compiled methods: run the plain ones (the eval fallback)."""
@@ -91,6 +110,11 @@ class Runner:
             model.train(training)
             for parameter, flag in zip(model.parameters(), wanted, strict=True):
                 parameter.requires_grad_(flag)
+
+
+def compiled_methods(model: torch.nn.Module) -> list[str]:
+    """The methods of ``COMPILED_METHODS`` that ``model`` has."""
+    return [name for name in COMPILED_METHODS if callable(getattr(model, name, None))]
 
 
 def choose_device(requested: str | None = None) -> torch.device:

@@ -50,14 +50,24 @@ def net_to_train(model: nn.Module, cfg: SwmConfig, world, device: torch.device) 
     return distributed.wrap(objective, world, device)
 
 
+#: torch's AdamW arguments for each ``train.optimizer_impl``: set on every device (torch's own
+#: default differs by device), so ``swm memprofile`` traces the very optimizer training runs.
+OPTIMIZER_IMPLS = {
+    "foreach": {"foreach": True},
+    "for-loop": {"foreach": False},
+    "fused": {"fused": True},
+}
+
+
 def make_optimizer(model: nn.Module, train_cfg, in_backward: bool = False):
-    """AdamW with the multi-tensor (foreach) update CUDA uses by default, on every device, so
-    ``swm memprofile`` traces the very optimizer that training runs; with ``in_backward`` one per
-    parameter, stepped in backward (``InBackwardOptimizer``)."""
+    """AdamW in the implementation ``train_cfg.optimizer_impl`` names (foreach by default, the
+    update CUDA uses by default), on every device alike; with ``in_backward`` one per parameter,
+    stepped in backward (``InBackwardOptimizer``)."""
+    impl = OPTIMIZER_IMPLS[train_cfg.optimizer_impl]
 
     def adamw(parameters):
         return torch.optim.AdamW(
-            parameters, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, foreach=True
+            parameters, lr=train_cfg.lr, weight_decay=train_cfg.weight_decay, **impl
         )
 
     return InBackwardOptimizer(model, adamw) if in_backward else adamw(model.parameters())

@@ -3,7 +3,7 @@
 One module, so that the step memprofile predicts is the step training takes: ``optimizer_step``
 (forward under autocast, backward, clip, AdamW), the learning-rate schedule, the seeded clip
 order, and the figures a step logs. The model with its memory techniques and its optimizer are
-``recipe``'s (foreach AdamW on every device).
+``recipe``'s (AdamW in ``train.optimizer_impl``'s implementation).
 """
 
 import math
