@@ -31,7 +31,7 @@ from swmcli.data.foreign.common import (
     reading,
 )
 from swmcli.data.foreign.video import LanceVideos
-from swmcli.data.storage.containment import check_hdf5
+from swmcli.data.storage.containment import check_hdf5, check_side
 from swmcli.data.storage.lance import _mark_opened
 from swmcli.data.storage.schema import FOLDER_METADATA, schema_from_json
 from swmcli.errors import DatasetError, UsageError, first_line
@@ -252,6 +252,7 @@ class UpstreamLance:
     def _video_table(self):
         """main's ``lance_video`` layout: frames as MP4 blobs in ``<name>_videos.lance``."""
         table = self.path.with_name(self.path.name[: -len(".lance")] + "_videos.lance")
+        check_side(self.path.parent, table)
         if not table.is_dir() or not len(self.lengths):
             return None
         videos = self._guard(
