@@ -77,7 +77,9 @@ DatasetPath = Annotated[Path | str, BeforeValidator(_dataset_location)]
 
 INT_MAX = 2**63 - 1  # the largest integer numpy, torch and every file format hold
 
-THREADS_PER_CPU = 4  # runtime.cpu_threads at most: more only thrashes, and far more crashes torch
+# runtime.cpu_threads at most: beyond any CPU's hardware threads, and far below the counts that
+# crash torch (100000). Not this machine's count: a run's config.json loads on any machine.
+MAX_CPU_THREADS = 1024
 
 
 class Section(BaseModel):
@@ -368,13 +370,12 @@ class RuntimeConfig(Section):
 
     @field_validator("cpu_threads")
     @classmethod
-    def _threads_the_cpu_runs(cls, value: int | None) -> int | None:
-        """torch crashes on a thread count far beyond the CPU's (100000): refused here."""
-        cpus = os.cpu_count() or 1
-        if value is not None and value > THREADS_PER_CPU * cpus:
+    def _threads_a_cpu_runs(cls, value: int | None) -> int | None:
+        """torch crashes on a thread count far beyond any CPU's (100000): refused here."""
+        if value is not None and value > MAX_CPU_THREADS:
             raise ValueError(
-                f"{value} threads is more than {THREADS_PER_CPU} per CPU of this machine "
-                f"({cpus} CPUs): at most {THREADS_PER_CPU * cpus}"
+                f"{value} threads is more than any CPU runs: at most {MAX_CPU_THREADS} "
+                f"(this machine has {os.cpu_count()} CPUs)"
             )
         return value
     nproc: PositiveInt = Field(

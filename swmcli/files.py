@@ -17,7 +17,6 @@ _KINDS = (
     (stat.S_ISCHR, "a character device"),
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a directory"),
 )
 
 
@@ -29,13 +28,13 @@ def special_kind(mode: int) -> str | None:
 
 
 def check_regular(path: Path, what: str = "file") -> None:
-    """Refuse ``path`` (followed through links) unless it is a regular file; a missing path is
-    left to the reader's own error."""
+    """Refuse ``path`` (followed through links) when it is a FIFO, device or socket; a missing
+    path or a directory is left to the reader's own error."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return
-    if kind := special_kind(mode):
+    if not stat.S_ISDIR(mode) and (kind := special_kind(mode)):
         refuse_special(path, kind, what)
 
 

@@ -935,6 +935,16 @@ def convert_around_its_source(root):
 
 
 @case
+def convert_over_a_side_table(root):
+    """A stable-worldmodel table's frames live in a side table beside it: a destination there
+    would delete them."""
+    holder = root / "in" / "db"
+    shutil.copytree(UPSTREAM_FOLDER.parent / "tworoom-lance-video", holder)
+    return Case(["convert", str(holder / "tworoom.lance"), str(holder / "tworoom_videos.lance"),
+                 "--to", "lance", "--overwrite"], 2, "a side table the source")  # fmt: skip
+
+
+@case
 def minari_inner_path_side_link(root):
     source = minari(root / "in" / "mn", [np.zeros((5, 2), np.float32)])
     side = source / "data" / "metadata.json"
@@ -976,6 +986,8 @@ table(fifo, {
     "fifo-folder-arrays": (_swm_folder, "episode_000000/arrays.npz", "is a FIFO"),
     "fifo-upstream-state": (_folder, "state.npz", "is a FIFO"),
     "fifo-lerobot-parquet": (lerobot, "data/chunk-000/file-000.parquet", "is a FIFO"),
+    "fifo-lerobot-video": (lerobot, "videos/observation.image/chunk-000/file-000.mp4",
+                           "is a FIFO"),
 })  # fmt: skip
 
 
@@ -990,19 +1002,21 @@ def fifo_config(root):
 
 @case
 def thread_left_running(root):
-    """A factory's non-daemon thread (here one that waits for the check, at most 120 s): the
-    run is saved and swm's process exits (``swm``'s entry point leaves after a grace period,
-    saying so; in this test's process the check lets the thread go)."""
-    release = root / "code" / "release"
+    """A factory's non-daemon thread (here one that waits for the check: at most 600 s in a
+    ``swm`` process, past the sweep's timeout, 30 s under pytest): the run is saved and swm's
+    process exits (``swm``'s entry point leaves after a grace period, saying so; in this test's
+    process the check lets the thread go)."""
+    release = root / "out" / "run" / "release"  # where the run may write
     body = f"""
 
 import os
+import sys
 import threading
 import time
 
 
 def _wait():
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + (30 if "pytest" in sys.modules else 600)
     while time.monotonic() < deadline and not os.path.exists({str(release)!r}):
         time.sleep(0.05)
 

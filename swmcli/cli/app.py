@@ -392,10 +392,11 @@ def _leave_despite_threads(code: Any) -> None:
     def watch() -> None:
         time.sleep(THREAD_GRACE_SECONDS)
         if left := running():
-            names = ", ".join(thread.name for thread in left)
+            names = ", ".join(sorted({thread.name for thread in left}))
             sys.stdout.flush()
-            print(f"swm: exiting with thread {names} still running (started by your code): "
-                  "the work is saved", file=sys.stderr, flush=True)  # fmt: skip
+            print(f"swm: the work is saved; exiting past {len(left)} thread(s) that would keep "
+                  f"this process alive ({names}, started by your code)", file=sys.stderr,
+                  flush=True)  # fmt: skip
             os._exit(code if isinstance(code, int) else int(code is not None))
 
     if running():
