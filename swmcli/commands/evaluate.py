@@ -40,6 +40,7 @@ from swmcli.report import CommandResult, Table, info, warn
 from swmcli.training.checkpoints import (
     checkpoint_path,
     data_fingerprint,
+    fingerprint_change,
     load_checkpoint,
     restore_model,
 )
@@ -159,10 +160,9 @@ def _check_data_fits_model(cfg: SwmConfig, state: dict, run_dir: Path) -> None:
     trained = state.get("data")  # None for a run trained online
     if trained is not None and trained != fingerprint:
         raise UsageError(
-            f"{cfg.data.path} changed since {run_dir} was trained: {trained.get('episodes')} "
-            f"episodes ({trained.get('steps')} steps) then, {fingerprint['episodes']} "
-            f"({fingerprint['steps']} steps) now; its held-out episodes would not be the ones it "
-            "never trained on",
+            f"{cfg.data.path} changed since {run_dir} was trained: "
+            f"{fingerprint_change(trained, fingerprint)}; its held-out episodes would not be the "
+            "ones it never trained on",
             hint=f"restore the data the run was trained on (data.path in {run_dir}/config.json), "
             "or train a new run on this data",
         )
