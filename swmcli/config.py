@@ -7,9 +7,10 @@ and nowhere else. Each run directory keeps its resolved config as ``config.json`
 
 import copy
 import json
+import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -20,11 +21,13 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from swmcli.errors import CheckpointError, UsageError
+from swmcli.files import check_regular
 from swmcli.names import check_name
 from swmcli.units import parse_size
 
@@ -79,11 +82,24 @@ DatasetPath = Annotated[Path | str, BeforeValidator(_dataset_location)]
 
 INT_MAX = 2**63 - 1  # the largest integer numpy, torch and every file format hold
 
+# runtime.cpu_threads at most: beyond any CPU's hardware threads, and far below the counts that
+# crash torch (100000). Not this machine's count: a run's config.json loads on any machine.
+MAX_CPU_THREADS = 1024
+
 
 class Section(BaseModel):
     # Frozen: a resolved config is never edited; a derived one is made by ``with_settings``.
     # No NaN or infinity in any number: an infinite learning rate would only fail deep inside.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """``steps = true`` is no step count: a boolean only where a setting is a switch."""
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and not _takes_bool(annotation):
+            raise ValueError(f"{str(value).lower()} is a boolean: this setting takes a value")
+        return value
 
     @field_validator("*", mode="after")
     @classmethod
@@ -92,6 +108,14 @@ class Section(BaseModel):
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX:
             raise ValueError(f"{value} is beyond the largest integer swm takes (2**63 - 1)")
         return value
+
+
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field of this type annotation holds a boolean (``bool``, ``bool | None``,
+    ``Any``, a dict of anything)."""
+    if annotation is bool or annotation is Any:
+        return True
+    return any(_takes_bool(arg) for arg in get_args(annotation))
 
 
 class EnvConfig(Section):
@@ -252,6 +276,19 @@ class ModelConfig(Section):
         {}, description="keyword arguments for --model's factory, e.g. --set model.kwargs.width=64"
     )
 
+    @model_validator(mode="after")
+    def _kwargs_for_a_factory(self) -> "ModelConfig":
+        _refuse_impossible(
+            [
+                (
+                    bool(self.kwargs) and self.factory is None,
+                    f"kwargs {self.kwargs} are for --model's factory: swm's own model takes "
+                    "its settings by name (model.latent_dim, model.cnn_width, ...)",
+                )
+            ]
+        )
+        return self
+
     encoder: Literal["cnn", "vit"] = Field("cnn", description="pixel encoder architecture")
     latent_dim: PositiveInt = Field(32, description="size of one frame's latent")
     cnn_width: PositiveInt = Field(16, description="channels of the first CNN stage (doubles)")
@@ -346,6 +383,17 @@ class RuntimeConfig(Section):
     cpu_threads: PositiveInt | None = Field(
         None, description="torch CPU threads (None: torch's default); 1 on a busy shared CPU"
     )
+
+    @field_validator("cpu_threads")
+    @classmethod
+    def _threads_a_cpu_runs(cls, value: int | None) -> int | None:
+        """torch crashes on a thread count far beyond any CPU's (100000): refused here."""
+        if value is not None and value > MAX_CPU_THREADS:
+            raise ValueError(
+                f"{value} threads is more than any CPU runs: at most {MAX_CPU_THREADS} "
+                f"(this machine has {os.cpu_count()} CPUs)"
+            )
+        return value
     nproc: PositiveInt = Field(
         1,
         description="data-parallel processes, one per GPU (or CPU processes): swm train "
@@ -608,6 +656,19 @@ class SwmConfig(Section):
     eval: EvalConfig = EvalConfig()
     memprofile: MemprofileConfig = MemprofileConfig()
 
+    @model_validator(mode="after")
+    def _ranks_share_the_batch(self) -> "SwmConfig":
+        _refuse_impossible(
+            [
+                (
+                    self.runtime.nproc > self.train.batch_size,
+                    f"runtime.nproc ({self.runtime.nproc}) cannot be more than train.batch_size "
+                    f"({self.train.batch_size}): each process takes a share of the batch",
+                )
+            ]
+        )
+        return self
+
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:
     section, key = dotted.split(".")
@@ -627,6 +688,7 @@ def preset_names() -> list[str]:
 
 def _read_config_file(path: Path) -> dict[str, Any]:
     """The settings in a TOML file (or a run's config.json), as nested dicts."""
+    check_regular(path, "settings")
     try:
         text = path.read_text()
         tree = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
@@ -734,7 +796,8 @@ def _describe(err: ValidationError) -> str:
 
 def _describe_one(error: dict) -> str:
     dotted = ".".join(str(p) for p in error["loc"])
-    return f"{dotted}: {error['msg'].removeprefix('Value error, ')}"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{dotted}: {message}" if dotted else message
 
 
 def _validated(tree: dict[str, Any]) -> SwmConfig:

@@ -6,6 +6,7 @@ that does not exist a ``FileNotFoundError``; ``DatasetError`` is kept for damage
 """
 
 import os
+import sys
 
 
 class SwmError(Exception):
@@ -86,9 +87,26 @@ _USER_FILES: set[str] = set()
 
 
 def remember_user_file(file: str | None) -> None:
-    """Note ``file`` (a module's ``__file__``) as the user's code."""
+    """Note ``file`` (a module's ``__file__``) as the user's code; from then on an
+    ``os._exit`` it calls is reported, not obeyed (``UserExit``)."""
     if file:
         _USER_FILES.add(os.path.realpath(file))
+        os._exit = _exit_unless_user_code
+
+
+class UserExit(SystemExit):
+    """``os._exit`` called by the user's code: it would end swm at once, with nothing said and
+    its exit code passed off as swm's; raised instead, and named as their error."""
+
+
+_REAL_EXIT = os._exit
+
+
+def _exit_unless_user_code(status: int) -> None:
+    """``os._exit``, except when the user's code calls it (``UserExit``)."""
+    if os.path.realpath(sys._getframe(1).f_code.co_filename) in _USER_FILES:
+        raise UserExit(status)
+    _REAL_EXIT(status)
 
 
 def _user_frame(error: BaseException) -> tuple[str | None, str, int] | None:
@@ -133,7 +151,9 @@ def blame_user(error: BaseException) -> UserCodeError | None:
     function, file, line = frame
     file = shown_path(file)
     where = f"{file}:{line}" if function is None else f"{function} ({file}:{line})"
-    if isinstance(error, SystemExit):
+    if isinstance(error, UserExit):
+        what = f"called os._exit({error.code!r})"
+    elif isinstance(error, SystemExit):
         what = f"called sys.exit({error.code!r})"
     elif isinstance(error, SyntaxError):
         what = f"has a syntax error: {error.msg}"
@@ -153,7 +173,10 @@ def first_line(error: BaseException) -> str:
     """
     import re
 
-    lines = str(error).strip().splitlines()
+    try:
+        lines = str(error).strip().splitlines()
+    except Exception as unprintable:  # the user's __str__ may raise anything
+        return f"{type(error).__name__} (its message cannot be shown: {type(unprintable).__name__})"
     if not lines:
         return type(error).__name__
     return re.sub(r",?\s*/\S+\.rs:\d+:\d+", "", lines[0])[:300]

@@ -75,6 +75,8 @@ def tree(root: Path) -> dict[str, str]:
             relative = str(path.relative_to(root))
             if path.is_symlink():
                 found[relative] = "-> " + os.readlink(path)
+            elif not path.is_file():  # a FIFO or socket: reading it would block
+                found[relative] = "special file"
             else:
                 found[relative] = hashlib.blake2b(path.read_bytes(), digest_size=8).hexdigest()
     return found
@@ -896,3 +898,197 @@ def cartpole_says_no_error(root):
     args = ["collect", "--env", "CartPole-v1", "--policy", "random", "--steps", "5",
             "--out", str(root / "out" / "cp.lance")]  # fmt: skip
     return Case(args, 0, "CartPole-v1", writes=("out/cp.lance", "out/cp.lance.config.json"))
+
+
+# ------------------------------------------------- issue 56 (hostile-a): locks, side files, FIFOs,
+# threads, settings that do nothing
+
+
+def linked_lock(root: Path, args: str, lock: str, code: int, says: str) -> Case:
+    """``swm ARGS`` (``{root}`` the case's root) whose writer lock ``out/LOCK`` is a link to a
+    file outside: the link is refused, never written through."""
+    swm_data(root / "in" / "data.lance")
+    victim = root / "outside" / "victim.txt"
+    victim.write_text("the victim's own text\n")
+    (root / "out" / lock).symlink_to(victim)
+    return Case(args.format(root=root).split() + (TRAIN if args.startswith("train") else []),
+                code, says)  # fmt: skip
+
+
+table(linked_lock, {
+    "lock-link-collect": ("collect --preset tiny --steps 3 --out {root}/out/t.lance",
+                          ".t.lance.swm-writer", 1, "is a link"),
+    "lock-link-train": ("train --preset tiny --data {root}/in/data.lance --out {root}/out/run",
+                        ".run.swm-writer", 1, "is a link"),
+    "lock-link-convert": ("convert {root}/in/data.lance {root}/out/x.h5", ".x.h5.swm-writer", 1,
+                          "is a link"),
+})  # fmt: skip
+
+
+@case
+def convert_around_its_source(root):
+    holder = root / "in" / "ds"
+    source = swm_data(holder / "inner.lance")
+    (holder / "swm_folder.json").write_text("{}")  # the holder reads as a folder dataset
+    return Case(["convert", str(source), str(holder), "--to", "folder", "--overwrite"], 2,
+                "is a folder holding the source")  # fmt: skip
+
+
+@case
+def convert_over_a_side_table(root):
+    """A stable-worldmodel table's frames live in a side table beside it: a destination there
+    would delete them."""
+    holder = root / "in" / "db"
+    shutil.copytree(UPSTREAM_FOLDER.parent / "tworoom-lance-video", holder)
+    return Case(["convert", str(holder / "tworoom.lance"), str(holder / "tworoom_videos.lance"),
+                 "--to", "lance", "--overwrite"], 2, "a side table the source")  # fmt: skip
+
+
+@case
+def minari_inner_path_side_link(root):
+    source = minari(root / "in" / "mn", [np.zeros((5, 2), np.float32)])
+    side = source / "data" / "metadata.json"
+    side.rename(root / "outside" / "metadata.json")
+    side.symlink_to(root / "outside" / "metadata.json")
+    return Case(["info", str(source / "data" / "main_data.hdf5")], 1, "is a link to")
+
+
+@case
+def upstream_lance_side_link(root):
+    table = upstream_lance(root / "in" / "db" / "main.lance", [0, 0, 0], [0, 1, 2],
+                           action=[[0.0, 1.0]] * 3)  # fmt: skip
+    videos = upstream_lance(root / "outside" / "videos.lance", [0, 0, 0], [0, 1, 2],
+                            pixels=[image_bytes(value=v) for v in (0, 80, 160)])  # fmt: skip
+    (root / "in" / "db" / "main_videos.lance").symlink_to(videos)
+    return Case(["info", str(table)], 1, "is a link to")
+
+
+def fifo(root: Path, dataset: Callable[[Path], Path], relative: str, says: str) -> Case:
+    """``swm convert`` of ``dataset(root)`` whose file ``relative`` is a FIFO (a read of it would
+    wait forever)."""
+    import os
+
+    path = dataset(root)
+    (path / relative).unlink()
+    os.mkfifo(path / relative)
+    return convert(root, path, 2, says)
+
+
+def _swm_folder(root: Path) -> Path:
+    from swmcli.data.copy import copy_dataset
+
+    path = root / "in" / "swm-folder"
+    copy_dataset(swm_data(root / "in" / "data.lance"), path, to="folder")
+    return path
+
+
+table(fifo, {
+    "fifo-folder-arrays": (_swm_folder, "episode_000000/arrays.npz", "is a FIFO"),
+    "fifo-upstream-state": (_folder, "state.npz", "is a FIFO"),
+    "fifo-lerobot-parquet": (lerobot, "data/chunk-000/file-000.parquet", "is a FIFO"),
+    "fifo-lerobot-video": (lerobot, "videos/observation.image/chunk-000/file-000.mp4",
+                           "is a FIFO"),
+})  # fmt: skip
+
+
+@case
+def fifo_config(root):
+    import os
+
+    os.mkfifo(root / "in" / "fifo.toml")
+    return Case(["train", "--preset", "tiny", "--config", str(root / "in" / "fifo.toml"),
+                 "--out", str(root / "out" / "x")], 2, "is a FIFO")  # fmt: skip
+
+
+@case
+def thread_left_running(root):
+    """A factory's non-daemon thread (here one that waits for the check: at most 600 s in a
+    ``swm`` process, past the sweep's timeout, 30 s under pytest): the run is saved and swm's
+    process exits (``swm``'s entry point leaves after a grace period, saying so; in this test's
+    process the check lets the thread go)."""
+    release = root / "out" / "run" / "release"  # where the run may write
+    body = f"""
+
+import os
+import sys
+import threading
+import time
+
+
+def _wait():
+    deadline = time.monotonic() + (30 if "pytest" in sys.modules else 600)
+    while time.monotonic() < deadline and not os.path.exists({str(release)!r}):
+        time.sleep(0.05)
+
+
+def build(action_dim, frameskip):
+    threading.Thread(target=_wait, name="user-poller").start()
+    return Model(action_dim, frameskip)
+"""
+    found = model_case(root, body, 0, "swm train")
+
+    def check(root):
+        release.write_text("go")
+        assert (root / "out" / "run" / "checkpoint.pt").is_file()
+
+    found.check = check
+    return found
+
+
+@case
+def memprofile_nproc_huge(root):
+    return Case(["memprofile", "--preset", "tiny", "--nproc", "1000000"], 2, "runtime.nproc")
+
+
+@case
+def eval_data_rewritten(root):
+    """``swm eval`` of a run whose dataset was rewritten since it trained: its held-out episodes
+    would be episodes it trained on, so it is refused."""
+    from typer.testing import CliRunner
+
+    from swmcli.cli.app import app
+
+    trained = model_case(root, "", 0, "")
+    factory = trained.args.index("--model") + 1
+    trained.args[factory] = str(root / trained.args[factory])
+    result = CliRunner().invoke(app, trained.args)
+    assert result.exit_code == 0, result.output
+    swm_data(root / "in" / "data.lance", episodes=5)
+    return Case(["eval", str(root / "out" / "run")], 2, "changed since")
+
+
+table(command, {
+    "cpu-threads-huge": ("train --preset tiny --set runtime.cpu_threads=100000 --out {out}", 2,
+                         "runtime.cpu_threads"),
+    "cpu-threads-huge-toml": ("train --preset tiny --config {settings} --out {out}", 2,
+                              "runtime.cpu_threads", "[runtime]\ncpu_threads = 100000\n"),
+    "steps-true-toml": ("train --preset tiny --config {settings} --out {out}", 2,
+                        "train.steps", "[train]\nsteps = true\n"),
+    "log-every-true": ("train --preset tiny --set train.log_every=true --out {out}", 2,
+                       "train.log_every"),
+    "kwargs-own-model": ("train --preset tiny --set model.kwargs.width=64 --out {out}", 2,
+                         "kwargs {'width': 64} are for --model's factory"),
+    "memprofile-freeze-unknown": ("memprofile --preset tiny --freeze nosuch", 2, "nosuch"),
+    "memprofile-picture-directory": ("memprofile --preset tiny --picture in", 2,
+                                     "is a directory"),
+})  # fmt: skip
+
+
+@case
+def map_repeated(root):
+    data = swm_data(root / "in" / "data.lance")
+    return Case(["info", str(data), "--map", "pixels=a", "--map", "pixels=b"], 2, "--map pixels")
+
+
+table(policy, {
+    "policy-os-exit": ("import os; os._exit(0)", 1, "your code called os._exit(0), in act"),
+})  # fmt: skip
+
+
+table(model_case, {
+    "predict-unprintable-error": (
+        "\n\nclass Unprintable(Exception):\n    def __str__(self):\n"
+        "        raise RuntimeError('no words')\n"
+        + _subclass("Mute", "predict(self, latents, actions)", "raise Unprintable()"),
+        1, "your code raised Unprintable"),
+})  # fmt: skip

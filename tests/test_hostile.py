@@ -109,3 +109,13 @@ def test_policy_actions_are_recorded_as_executed_for_discrete_spaces():
     box = gym.spaces.Box(-1, 1, (2,), np.float32)
     np.testing.assert_array_equal(executed_action(box, [3, -0.5]), [1.0, -0.5])
 
+
+
+def test_a_changed_dataset_is_said_by_its_counts_or_its_lengths():
+    from swmcli.training.checkpoints import data_fingerprint, fingerprint_change
+
+    then = data_fingerprint([3, 5])
+    assert fingerprint_change(then, data_fingerprint([3, 5, 2])) == (
+        "2 episodes (8 steps) then, 3 (10 steps) now"
+    )
+    assert "in episodes of other lengths" in fingerprint_change(then, data_fingerprint([5, 3]))

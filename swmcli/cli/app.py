@@ -441,7 +441,40 @@ def main() -> None:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         app()
+    except SystemExit as done:
+        _leave_despite_threads(done.code)
+        raise
     finally:
         # Leaving already (its result or error shown): a late SIGTERM, such as torchrun stopping
         # the other ranks once one has failed, must not break the exit with a traceback.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+THREAD_GRACE_SECONDS = 5.0  # what a thread still running at the end has to finish on its own
+
+
+def _leave_despite_threads(code: Any) -> None:
+    """A thread the user's code started and never ended (a model factory's non-daemon thread)
+    would keep the process alive after its work is saved and reported: a watcher gives such
+    threads ``THREAD_GRACE_SECONDS``, then says so in one line and ends the process with its
+    exit code."""
+    import sys
+    import threading
+    import time
+
+    def running() -> list[threading.Thread]:
+        main = threading.main_thread()
+        return [t for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+
+    def watch() -> None:
+        time.sleep(THREAD_GRACE_SECONDS)
+        if left := running():
+            names = ", ".join(sorted({thread.name for thread in left}))
+            sys.stdout.flush()
+            print(f"swm: the work is saved; exiting past {len(left)} thread(s) that would keep "
+                  f"this process alive ({names}, started by your code)", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            os._exit(code if isinstance(code, int) else int(code is not None))
+
+    if running():
+        threading.Thread(target=watch, name="swm-exit-watch", daemon=True).start()

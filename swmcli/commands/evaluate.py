@@ -39,7 +39,13 @@ from swmcli.planning.goals import goal_episodes, wilson_interval
 from swmcli.planning.pictures import save_gif, save_strip
 from swmcli.planning.plan_videos import EpisodeVideos
 from swmcli.report import CommandResult, Table, info, warn
-from swmcli.training.checkpoints import checkpoint_path, load_checkpoint, restore_model
+from swmcli.training.checkpoints import (
+    checkpoint_path,
+    data_fingerprint,
+    fingerprint_change,
+    load_checkpoint,
+    restore_model,
+)
 from swmcli.training.lewm_checkpoints import is_lewm_folder, lewm_eval_config, load_lewm_model
 from swmcli.training.loggers import check_installed, log_once
 from swmcli.training.step import train_keys
@@ -91,7 +97,7 @@ def _evaluate(run_dir: Path, cfg: SwmConfig, monitor, video: bool = False) -> Co
     with monitor.phase("load"):
         model, state = load_model(run_dir, cfg, runner)
     shape = state["model_args"]
-    _check_data_fits_model(cfg, shape, run_dir)
+    _check_data_fits_model(cfg, state, run_dir)
     no_goal = _why_no_planning(cfg, shape)
     if video and no_goal is not None:  # asked for films of planned episodes: there are none
         raise UsageError(f"--video: {no_goal}", hint="without --video: the open-loop error alone")
@@ -168,15 +174,27 @@ def load_model(run_dir: Path, cfg: SwmConfig, runner):
     return runner.prepare(model), state
 
 
-def _check_data_fits_model(cfg: SwmConfig, shape: dict[str, int], run_dir: Path) -> None:
-    """Refuse data whose frames or actions are not what the run was trained on (the dataset may
-    have been replaced since), before any step that would fail on the shapes."""
+def _check_data_fits_model(cfg: SwmConfig, state: dict, run_dir: Path) -> None:
+    """Refuse data whose frames or actions are not what the run was trained on, or whose
+    episodes are not (the dataset may have been replaced since), before any step: the held-out
+    episodes of other data would be episodes the run trained on, and its error a wrong figure."""
     reader = open_reader(cfg.data.path)  # metadata only: no rows are read
     try:
         pixels = reader.keys["pixels"][1] if "pixels" in reader.keys else None
         action = reader.keys["action"][1] if "action" in reader.keys else None
+        fingerprint = data_fingerprint(reader.episode_lengths)
     finally:
         reader.close()
+    trained = state.get("data")  # None for a run trained online
+    if trained is not None and trained != fingerprint:
+        raise UsageError(
+            f"{cfg.data.path} changed since {run_dir} was trained: "
+            f"{fingerprint_change(trained, fingerprint)}; its held-out episodes would not be the "
+            "ones it never trained on",
+            hint=f"restore the data the run was trained on (data.path in {run_dir}/config.json), "
+            "or train a new run on this data",
+        )
+    shape = state["model_args"]
     side, action_dim = shape["resolution"], shape["action_dim"]
     if pixels is None or pixels[:2] != (side, side) or int(np.prod(action or (0,))) != action_dim:
         raise UsageError(

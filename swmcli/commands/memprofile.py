@@ -261,6 +261,12 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
     import torch
 
     check_combination(cfg)
+    picture = cfg.memprofile.picture
+    if picture is not None and picture.is_dir():
+        raise UsageError(
+            f"--picture {picture} is a directory",
+            hint=f"name the PNG to write, e.g. --picture {picture / 'memory.png'}",
+        )
     device = cfg.memprofile.predict_for
     on_cuda = torch.cuda.is_available() and device == "cuda"  # measure what is predicted
     if snapshot is not None and not on_cuda:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from swmcli.data.foreign.reader import read_beside
 from swmcli.data.formats import check_free_space, detect, open_reader, open_writer, resolve_format
 from swmcli.data.storage import location as loc
 from swmcli.data.storage.checksums import check_episode
@@ -34,6 +35,12 @@ def _check_apart(dst: Location, sources: Sequence[Location]) -> None:
         if target == source:
             raise UsageError(
                 f"source and destination are the same path: {src}", hint="choose another DST"
+            )
+        beside = [] if loc.is_remote(source) else read_beside(source)
+        if side := next((p for p in beside if target == p or _inside(target, p)), None):
+            raise UsageError(
+                f"{dst} would write over {side}, a side table the source {src} reads",
+                hint="write DST beside its sources, never over a table one of them reads",
             )
         if _inside(target, source) or _inside(source, target):
             where = (

@@ -22,10 +22,15 @@ def parse_mapping(pairs: list[str] | None) -> dict[str, str]:
     KEY (``COLUMN=``) leaves the column out."""
     mapping = {}
     for pair in pairs or []:
-        source, sep, target = pair.partition("=")
-        if not sep or not source.strip():
+        source, sep, target = (part.strip() for part in pair.partition("="))
+        if not sep or not source:
             raise UsageError(f"--map takes COLUMN=KEY, got {pair!r}", hint="e.g. --map rgb=pixels")
-        mapping[source.strip()] = target.strip()
+        if source in mapping:
+            raise UsageError(
+                f"--map {source} is given twice ({source}={mapping[source]} and {source}={target})",
+                hint="map each column once",
+            )
+        mapping[source] = target
     return mapping
 
 

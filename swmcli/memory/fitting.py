@@ -109,7 +109,8 @@ def draw_combinations(
     options: list[Combination], budget: int | None, title: str, path: Path
 ) -> Path:
     """A PNG: one stacked bar per combination (GiB alive at the peak, by category, plus the
-    CUDA allowance) and the budget as a horizontal line."""
+    CUDA allowance) and the budget as a horizontal line. Returns the file written (``path``,
+    with ``.png`` added when it has no suffix, as matplotlib adds it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,6 +139,7 @@ def draw_combinations(
     axes.legend(fontsize=7)
     axes.grid(True, axis="y", alpha=0.3)
     figure.tight_layout()
+    path = path if path.suffix else path.with_name(path.name + ".png")
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
     plt.close(figure)

@@ -48,6 +48,7 @@ from swmcli.units import format_bytes
 DEVICES = ("cuda", "cpu")  # whose semantics a prediction follows
 MAX_BUDGET_PREDICTIONS = 32  # the budget search's cap; near-linear memory needs 2 or 3
 LINE_GUESSES = 3  # then bisection
+UNTRACED_PART = "proprio_norm"  # swm's model's part for the agent's state, left out of a trace
 
 
 @dataclass(frozen=True)
@@ -357,11 +358,14 @@ class PeakPredictor:
                               if key in self.step}  # fmt: skip
                 model = build_model(self.model_cfg, shape)
                 if self.cfg.train.freeze:
-                    # The traced model leaves the agent's state out (its norm holds no weight,
-                    # and swm train checks every name on the model it builds): freeze the rest.
+                    # The traced model leaves the agent's state out (its norm holds no weight):
+                    # freeze the rest; any other name the model lacks is refused, as train does.
                     parts = dict(model.named_modules())
                     wanted = comma_names(self.cfg.train.freeze)
-                    if present := [name for name in wanted if name in parts]:
+                    own = self.cfg.model.factory is None and self.cfg.model.proprio
+                    untraced = {UNTRACED_PART} if own else set()
+                    present = [name for name in wanted if name not in untraced or name in parts]
+                    if present:
                         freeze_parts(model, ",".join(present))
             self._models[key] = model
         return self._models[key]

@@ -244,11 +244,18 @@ def check_data_fingerprint(
             write_atomically(path, json.dumps(saved) + "\n")
     if saved != fingerprint:
         raise UsageError(
-            f"the dataset changed since {run_dir} started: {saved.get('episodes')} episodes "
-            f"({saved.get('steps')} steps) then, {fingerprint['episodes']} "
-            f"({fingerprint['steps']} steps) now",
+            f"the dataset changed since {run_dir} started: "
+            f"{fingerprint_change(saved, fingerprint)}",
             hint="resume with the data it started with, or train a new run (--out)",
         )
+
+
+def fingerprint_change(then: dict, now: dict) -> str:
+    """How the data of fingerprint ``now`` differs from ``then``'s, in words."""
+    counts = f"{then.get('episodes')} episodes ({then.get('steps')} steps)"
+    if (then.get("episodes"), then.get("steps")) == (now["episodes"], now["steps"]):
+        return f"{counts} both times, in episodes of other lengths"
+    return f"{counts} then, {now['episodes']} ({now['steps']} steps) now"
 
 
 def _read_fingerprint(path: Path) -> dict | None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from swmcli.data.foreign import jpeg
 from swmcli.data.foreign.common import DAMAGED_HINT, MINARI, check_hdf5_stored, reading
-from swmcli.data.storage.containment import check_hdf5
+from swmcli.data.storage.containment import check_hdf5, check_side
 from swmcli.errors import DatasetError, UsageError
 
 _EPISODE = re.compile(r"episode_(\d+)")
@@ -38,6 +38,12 @@ def _data_file(path: Path) -> Path | None:
         if candidate.is_file() and candidate.name == "main_data.hdf5":
             return candidate
     return None
+
+
+def _root(data_file: Path) -> Path:
+    """The Minari dataset's directory: the one holding ``data/main_data.hdf5``."""
+    data = data_file.parent
+    return data.parent if data.name == "data" else data
 
 
 def detect(path: Path) -> str | None:
@@ -80,6 +86,7 @@ class MinariSource:
 
     def _read_metadata(self) -> dict:
         file = self.path.parent / "metadata.json"
+        check_side(_root(self.path), file)
         if not file.is_file():
             return {}
         if file.stat().st_size > _MAX_METADATA_BYTES:

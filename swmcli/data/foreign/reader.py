@@ -52,6 +52,12 @@ def detect(path: Path) -> str | None:
     return found or lerobot.detect(path)
 
 
+def read_beside(path: Path) -> list[Path]:
+    """Paths outside the local ``path`` that the dataset it names reads (a stable-worldmodel
+    table's side tables): a destination there would replace part of the source."""
+    return upstream.side_tables(path)
+
+
 def open_reader(path: Path, format: str, mapping: Mapping[str, str] | None = None):
     """A ``ForeignReader`` over the dataset at ``path`` (its layout ``format`` from ``detect``)."""
     opener = {UPSTREAM_LANCE: upstream.open_lance, UPSTREAM_HDF5: upstream.open_hdf5}

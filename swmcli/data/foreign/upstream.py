@@ -31,7 +31,7 @@ from swmcli.data.foreign.common import (
     reading,
 )
 from swmcli.data.foreign.video import LanceVideos
-from swmcli.data.storage.containment import check_hdf5
+from swmcli.data.storage.containment import check_hdf5, check_side
 from swmcli.data.storage.lance import _mark_opened
 from swmcli.data.storage.schema import FOLDER_METADATA, schema_from_json
 from swmcli.errors import DatasetError, UsageError, first_line
@@ -61,6 +61,19 @@ def detect(path: Path) -> str | None:
     if (path / FOLDER_METADATA).exists():
         return None
     return UPSTREAM_LANCE if _table_in(path) is not None else None
+
+
+def side_tables(path: Path) -> list[Path]:
+    """The side tables read beside a stable-worldmodel table named by its ``NAME.lance`` (main's
+    ``NAME_episodes.lance`` and ``NAME_videos.lance``); none for a path that is no such table."""
+    if path.suffix != ".lance" or path.name.endswith(_SIDE_TABLES) or detect(path) is None:
+        return []
+    return [_beside(path, side) for side in _SIDE_TABLES]
+
+
+def _beside(table: Path, side: str) -> Path:
+    """The side table ``side`` (one of ``_SIDE_TABLES``) of the table ``NAME.lance``."""
+    return table.with_name(table.name[: -len(".lance")] + side)
 
 
 def _table_in(path: Path) -> Path | None:
@@ -189,7 +202,7 @@ class UpstreamLance:
         if "action" in self.columns and len(self.lengths):
             last = self._numbers("action", self._align.last_rows)
         self.info = {**self._codec(first_row), **self._align.said(_convention(last, None))}
-        side = self.path.with_name(self.path.name[: -len(".lance")] + "_episodes.lance")
+        side = _beside(self.path, "_episodes.lance")
         if side.is_dir():
             dropped["episode data table"] = side.name
         if dropped:
@@ -251,7 +264,8 @@ class UpstreamLance:
 
     def _video_table(self):
         """main's ``lance_video`` layout: frames as MP4 blobs in ``<name>_videos.lance``."""
-        table = self.path.with_name(self.path.name[: -len(".lance")] + "_videos.lance")
+        table = _beside(self.path, "_videos.lance")
+        check_side(self.path.parent, table)
         if not table.is_dir() or not len(self.lengths):
             return None
         videos = self._guard(

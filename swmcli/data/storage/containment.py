@@ -4,7 +4,8 @@ A dataset is a directory (or one file) that swm, another tool or someone hostile
 any of its files is opened, ``check_tree`` walks the directory once: a symbolic link is followed
 only where it resolves inside the dataset's root (the root itself may be a link), so a link out
 (``ep_len.npz -> /etc/passwd``, ``meta/info.json -> ~/.ssh/...``) is one error, whichever file it
-is and whichever reader would open it. A path a dataset *names* (a LeRobot template, a frame's
+is and whichever reader would open it; a file read beside a dataset named by an inner path is
+held to the same rule (``check_side``). A path a dataset *names* (a LeRobot template, a frame's
 file) is joined to the root with ``inside``. HDF5 files can reach outside themselves in three
 ways (external links, external raw storage, virtual datasets): ``check_hdf5`` refuses each.
 """
@@ -13,6 +14,7 @@ import os
 from pathlib import Path
 
 from swmcli.errors import DatasetError, first_line
+from swmcli.files import check_regular, refuse_special, special_kind
 
 _HINT = (
     "swm reads nothing outside a dataset: copy the file into the dataset, or point swm at the "
@@ -31,8 +33,10 @@ def inside(root: Path, relative: str) -> Path:
 
 def check_tree(root: Path) -> None:
     """Refuse a dataset directory holding a symbolic link that resolves outside it (or a link
-    that loops). A file that vanishes while it is walked (a writer's temporary) is passed over."""
+    that loops), or a FIFO, device or socket; a dataset that is one file must be a regular file.
+    A file that vanishes while it is walked (a writer's temporary) is passed over."""
     if not root.is_dir():
+        check_regular(root, "data")
         return
     base = root.resolve()
     pending = [root]
@@ -47,6 +51,29 @@ def check_tree(root: Path) -> None:
                 _check_link(Path(entry.path), base, root)
             elif entry.is_dir(follow_symlinks=False):
                 pending.append(Path(entry.path))
+            elif not entry.is_file(follow_symlinks=False):
+                _check_special(Path(entry.path))
+
+
+def check_side(directory: Path, side: Path) -> None:
+    """``check_tree``'s rule for a file or directory ``side`` that a dataset reads beside the
+    path it was named by (a Minari ``data/metadata.json`` when named by its ``main_data.hdf5``,
+    stable-worldmodel's ``NAME_videos.lance`` when named by ``NAME.lance``): a link resolving
+    outside ``directory`` (the dataset's own) is refused, and ``side`` is walked as a dataset."""
+    if side.is_symlink():
+        _check_link(side, directory.resolve(), directory)
+    if side.exists():
+        check_tree(side)
+
+
+def _check_special(path: Path) -> None:
+    """Refuse a FIFO, device or socket in a dataset: a reader opening it would block."""
+    try:
+        kind = special_kind(path.lstat().st_mode)
+    except FileNotFoundError:  # a writer's temporary, gone meanwhile
+        return
+    if kind is not None:
+        refuse_special(path, kind, "data")
 
 
 def _check_link(link: Path, base: Path, root: Path) -> None:

@@ -13,12 +13,14 @@ killed writer or reader never leaves a lock behind. They are local: on object st
 nothing is locked, and one writer at a time is the user's to arrange.
 """
 
+import errno
 import fcntl
 import os
 import sys
 from pathlib import Path
 
 from swmcli.errors import DatasetError, SwmError
+from swmcli.files import special_kind
 
 COMMAND_CHARS = 200  # of the holder's command line, written in the lock file
 
@@ -33,9 +35,26 @@ def _readers_lock_path(path: Path) -> Path:
     return Path(path) / "_swm_readers.lock"
 
 
-def _open_lock(path: Path):
+def _open_lock(path: Path, error: type[SwmError] = DatasetError):
+    """The lock file at ``path``, opened (made if missing) without following a link: a link
+    planted there (``.NAME.swm-writer -> ~/.bashrc``) or anything but a regular file (a FIFO)
+    is refused, never written through. The handle is the lock: it lives as long as the lock."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "a+")  # the handle is the lock: it lives as long as the lock
+    flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    hint = f"remove {path} (swm makes its lock files itself) and run again"
+    try:
+        descriptor = os.open(path, flags, 0o644)
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        target = os.readlink(path)
+        raise error(f"the lock file {path} is a link (to {target})", hint=hint) from None
+    kind = special_kind(os.fstat(descriptor).st_mode)
+    if kind is not None:
+        os.close(descriptor)
+        raise error(f"the lock file {path} is {kind}, not a regular file", hint=hint)
+    os.set_blocking(descriptor, True)
+    return os.fdopen(descriptor, "a+")
 
 
 class WriterLock:
@@ -46,7 +65,7 @@ class WriterLock:
     def __init__(self, path: Path, error: type[SwmError] = DatasetError, hint: str | None = None):
         self.path = writer_lock_path(path)
         while True:
-            handle = _open_lock(self.path)
+            handle = _open_lock(self.path, error)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -131,7 +150,7 @@ class ReaderLock:
     def __init__(self, path: Path):
         self._handle = None
         try:
-            handle = open(_readers_lock_path(path), "a+")  # noqa: SIM115 - held while reading
+            handle = _open_lock(_readers_lock_path(path))
         except OSError:
             return  # a read-only place: nobody can write there either
         fcntl.flock(handle, fcntl.LOCK_SH)
@@ -148,7 +167,7 @@ def no_readers(path: Path):
 
     While it is held, a new reader waits (briefly) before opening the dataset.
     """
-    handle = open(_readers_lock_path(path), "a+")  # noqa: SIM115 - returned to the caller
+    handle = _open_lock(_readers_lock_path(path))
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
