@@ -185,6 +185,14 @@ def _check_data_fits_model(cfg: SwmConfig, state: dict, run_dir: Path) -> None:
         fingerprint = data_fingerprint(reader.episode_lengths)
     finally:
         reader.close()
+    shape = state["model_args"]
+    side, action_dim = shape["resolution"], shape["action_dim"]
+    if pixels is None or pixels[:2] != (side, side) or int(np.prod(action or (0,))) != action_dim:
+        raise UsageError(
+            f"{cfg.data.path} holds frames {pixels} and actions {action}; {run_dir} was trained "
+            f"on {side}x{side} frames and {action_dim} action values",
+            hint=f"restore the data the run was trained on (data.path in {run_dir}/config.json)",
+        )
     trained = state.get("data")  # None for a run trained online
     if trained is not None and trained != fingerprint:
         raise UsageError(
@@ -193,14 +201,6 @@ def _check_data_fits_model(cfg: SwmConfig, state: dict, run_dir: Path) -> None:
             "ones it never trained on",
             hint=f"restore the data the run was trained on (data.path in {run_dir}/config.json), "
             "or train a new run on this data",
-        )
-    shape = state["model_args"]
-    side, action_dim = shape["resolution"], shape["action_dim"]
-    if pixels is None or pixels[:2] != (side, side) or int(np.prod(action or (0,))) != action_dim:
-        raise UsageError(
-            f"{cfg.data.path} holds frames {pixels} and actions {action}; {run_dir} was trained "
-            f"on {side}x{side} frames and {action_dim} action values",
-            hint=f"restore the data the run was trained on (data.path in {run_dir}/config.json)",
         )
 
 
