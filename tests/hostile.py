@@ -896,3 +896,50 @@ def cartpole_says_no_error(root):
     args = ["collect", "--env", "CartPole-v1", "--policy", "random", "--steps", "5",
             "--out", str(root / "out" / "cp.lance")]  # fmt: skip
     return Case(args, 0, "CartPole-v1", writes=("out/cp.lance", "out/cp.lance.config.json"))
+
+
+# --------------------------------------------- issue 56, hostile-b: overflow, wrong imports, errors
+
+
+def _lerobot_lengths_wrap(table: dict) -> None:
+    """Four episodes whose lengths (two near 2**63) add up, wrapped in int64, to the 24 rows."""
+    for values in table.values():
+        values.append(values[-1])
+    big = 2**63 - 1
+    table["episode_index"][3] = 3
+    table["length"][:] = [8, big, big, 18]
+    table["dataset_from_index"][:] = [0, 8, 16, 24]
+    table["dataset_to_index"][:] = [8, 8 + big - 2**64, 16 + big - 2**64, 42]
+
+
+def _lerobot_stamps_doubled(path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    file = path / "data/chunk-000/file-000.parquet"
+    frames = pq.read_table(file)
+    stamps = pc.multiply(frames.column("timestamp"), pa.scalar(2.0, pa.float32()))
+    where = frames.schema.get_field_index("timestamp")
+    pq.write_table(frames.set_column(where, "timestamp", stamps), file)
+
+
+def lerobot_edited(root: Path, info: dict | None, episodes, edit, code: int, says: str) -> Case:
+    """``swm convert`` of the LeRobot fixture with ``info`` merged into its info.json,
+    ``episodes`` editing its episode table and ``edit(path)`` its files."""
+    path = lerobot(root, (lambda meta: meta.update(info)) if info else None, episodes)
+    if edit is not None:
+        edit(path)
+    return convert(root, path, code, says)
+
+
+table(lerobot_edited, {
+    "lerobot-lengths-wrap": ({"total_frames": None}, _lerobot_lengths_wrap, None, 1,
+                             "episode 1 has length 9223372036854775807 but the data rows"),
+    "lerobot-fps-below-video": ({"fps": 5}, None, None, 1,
+                                "is a video of 10 frames a second, info.json's fps is 5"),
+    "lerobot-fps-tiny": ({"fps": 1e-9}, None, None, 1, "info.json's fps is 1e-09"),
+    "lerobot-fps-true": ({"fps": True}, None, None, 1, "info.json gives the fps True"),
+    "lerobot-timestamps-off": (None, None, _lerobot_stamps_doubled, 1,
+                               "episode 0's step 1 has the timestamp 0.2 s, not 0.1 s"),
+})  # fmt: skip

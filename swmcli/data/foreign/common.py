@@ -110,9 +110,10 @@ def check_lengths(lengths: np.ndarray, rows: int, where) -> np.ndarray:
             f"{where}: episode {bad} has {int(lengths[bad])} rows (an episode has at least one)",
             DAMAGED_HINT,
         )
-    if int(lengths.sum()) != rows:
+    total = sum(lengths.tolist())  # Python ints: lengths near 2**63 must not wrap to ``rows``
+    if total != rows:
         raise DatasetError(
-            f"{where}: episode lengths add up to {int(lengths.sum())} rows, {rows} are stored",
+            f"{where}: episode lengths add up to {total} rows, {rows} are stored",
             DAMAGED_HINT,
         )
     return lengths

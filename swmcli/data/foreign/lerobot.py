@@ -29,7 +29,7 @@ import numpy as np
 from swmcli.data.foreign import jpeg
 from swmcli.data.foreign.common import DAMAGED_HINT, LEROBOT, reading
 from swmcli.data.foreign.jpeg import MAX_SIDE
-from swmcli.data.foreign.video import check_decoded, codec_name, decode_at
+from swmcli.data.foreign.video import check_decoded, codec_name, decode_at, frame_rate
 from swmcli.data.storage.containment import inside
 from swmcli.errors import DatasetError, UsageError
 
@@ -111,9 +111,7 @@ class LeRobotSource:
             self._open(json.loads((root / "meta" / "info.json").read_text()))
 
     def _open(self, info: dict) -> None:
-        self.fps = float(info["fps"])
-        if not self.fps > 0:
-            raise DatasetError(f"{self.path}: fps {info['fps']} in info.json", DAMAGED_HINT)
+        self.fps = _fps(info.get("fps"), self.path)
         features = info["features"]
         self._videos, self._images, self.columns, dropped = {}, {}, {}, {}
         for name, feature in features.items():
@@ -144,6 +142,9 @@ class LeRobotSource:
         self._groups = {}  # parquet file -> its row groups (frames in parquet are read by group)
         self._video_frames = {}  # (video key, file) -> frames of the episodes it holds
         codecs = {name: self._codec(name) for name in (*self._videos, *self._images)}
+        if self._videos:  # frames are found by timestamp: the fps must be the data's and video's
+            with reading(self.path):
+                self._check_timestamps(self._data_file(0), np.arange(self._frame_counts[0]), 0)
         lossy = [name for name in self._videos] + [
             name for name in self._images if not codecs[name].startswith("PNG")
         ]
@@ -182,10 +183,19 @@ class LeRobotSource:
             raise UsageError(f"{self.path} holds no episodes", hint="nothing to read in it")
         if not np.array_equal(episodes["episode_index"], np.arange(count)):
             raise DatasetError(f"{self.path}: episode_index is not 0..{count - 1}", DAMAGED_HINT)
-        lengths = episodes["length"].astype(np.int64)
-        starts, ends = episodes["dataset_from_index"], episodes["dataset_to_index"]
-        if np.any(lengths <= 0) or not np.array_equal(ends - starts, lengths):
-            raise DatasetError(f"{self.path}: episode lengths and data ranges differ", DAMAGED_HINT)
+        lengths = _whole_numbers(episodes["length"], "length", self.path)
+        starts = _whole_numbers(episodes["dataset_from_index"], "dataset_from_index", self.path)
+        ends = _whole_numbers(episodes["dataset_to_index"], "dataset_to_index", self.path)
+        # Python ints: lengths near 2**63 must not wrap into a sum that matches the rows stored
+        rows = zip(lengths.tolist(), starts.tolist(), ends.tolist(), strict=True)
+        wrong = [e for e, (n, start, end) in enumerate(rows) if n <= 0 or n != end - start]
+        if wrong:
+            e = wrong[0]
+            raise DatasetError(
+                f"{self.path}: episode {e} has length {lengths[e]} but the data rows "
+                f"{starts[e]}..{ends[e]} (dataset_from_index..dataset_to_index)",
+                DAMAGED_HINT,
+            )
         if starts.min() < 0:
             raise DatasetError(f"{self.path}: an episode starts at a negative row", DAMAGED_HINT)
         by_start = np.argsort(starts, kind="stable")
@@ -199,9 +209,10 @@ class LeRobotSource:
                 DAMAGED_HINT,
             )
         total = info.get("total_frames")
-        if total is not None and int(total) != int(lengths.sum()):
+        if total is not None and int(total) != sum(lengths.tolist()):
             raise DatasetError(
-                f"{self.path}: info.json counts {total} frames, the episodes {int(lengths.sum())}",
+                f"{self.path}: info.json counts {total} frames, the episodes "
+                f"{sum(lengths.tolist())}",
                 DAMAGED_HINT,
             )
         episodes["length"] = lengths
@@ -219,7 +230,7 @@ class LeRobotSource:
             files[self._data_file(episode)].append(episode)
         for file, episodes in files.items():
             footer = pq.ParquetFile(file).metadata
-            claimed = int(self._frame_counts[episodes].sum())
+            claimed = sum(self._frame_counts[episodes].tolist())
             if claimed > footer.num_rows:
                 raise DatasetError(
                     f"{file}: its episodes claim {claimed} rows, it holds {footer.num_rows}",
@@ -359,9 +370,26 @@ class LeRobotSource:
             return jpeg.decode(blobs, self._images[name], f"{file} ({name})")
         video = self._video_file(name, episode)
         check_decoded(video.stat().st_size, self._frames_in(name, video), self._videos[name], video)
-        stamps = self._column(file, "timestamp")[positions]
+        stamps = self._check_timestamps(file, steps, episode)
         start = self._episodes[f"videos/{name}/from_timestamp"][episode]
         return decode_at(video, start + stamps.astype(np.float64), self.fps, self._videos[name])
+
+    def _check_timestamps(self, file: Path, steps: np.ndarray, episode: int) -> np.ndarray:
+        """The ``timestamp`` of these steps of an episode, refused unless step t is at t / fps
+        (within a quarter frame): a wrong fps would match frames to other moments."""
+        start = self._episodes["dataset_from_index"][episode]
+        stamps = self._column(file, "timestamp")[self._positions(file, start + steps)]
+        late = np.abs(stamps.astype(np.float64) - steps / self.fps)
+        wrong = np.flatnonzero(late > 0.25 / self.fps)
+        if len(wrong):
+            step = int(steps[wrong[0]])
+            raise DatasetError(
+                f"{file}: episode {episode}'s step {step} has the timestamp "
+                f"{float(stamps[wrong[0]]):.4g} s, not {step / self.fps:.4g} s as info.json's fps "
+                f"{self.fps:g} says",
+                DAMAGED_HINT,
+            )
+        return stamps
 
     def _blobs(self, file: Path, name: str, positions: np.ndarray, field=None) -> list[bytes]:
         """The bytes of ``name`` at these rows of a parquet ``file`` (its ``field`` for a
@@ -407,7 +435,7 @@ class LeRobotSource:
         if (name, video) not in self._video_frames:
             episodes = range(len(self._frame_counts))
             held = [e for e in episodes if self._video_file(name, e) == video]
-            self._video_frames[name, video] = int(self._frame_counts[held].sum())
+            self._video_frames[name, video] = sum(self._frame_counts[held].tolist())
         return self._video_frames[name, video]
 
     def _codec(self, name: str) -> str:
@@ -417,7 +445,15 @@ class LeRobotSource:
                 start = self._episodes["dataset_from_index"][0]
                 blob = self._blobs(file, name, self._positions(file, np.array([start])), "bytes")
                 return jpeg.codec(blob[0])[0]
-            return codec_name(self._video_file(name, 0))
+            video = self._video_file(name, 0)
+            rate = frame_rate(video)
+            if rate is not None and abs(rate - self.fps) > 0.01 * self.fps:
+                raise DatasetError(
+                    f"{video}: {name} is a video of {rate:g} frames a second, info.json's fps is "
+                    f"{self.fps:g}",
+                    DAMAGED_HINT,
+                )
+            return codec_name(video)
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         episodes = np.searchsorted(self.offsets, rows, side="right") - 1
@@ -454,6 +490,26 @@ def _declared_shape(name: str, feature, where) -> tuple[int, ...]:
             DAMAGED_HINT,
         )
     return tuple(shape)
+
+
+def _fps(value, where) -> float:
+    """info.json's fps: a finite number above 0 (``true`` is no frame rate)."""
+    if type(value) not in (int, float) or not 0 < value < float("inf"):
+        raise DatasetError(
+            f"{where}: info.json gives the fps {value!r} (a number of frames a second above 0)",
+            DAMAGED_HINT,
+        )
+    return float(value)
+
+
+def _whole_numbers(values: np.ndarray, name: str, where) -> np.ndarray:
+    """An episode-index column as int64, refused unless it holds integers."""
+    if values.dtype.kind not in "iu" or (values.dtype.kind == "u" and values.max() >= 2**63):
+        raise DatasetError(
+            f"{where}: meta/episodes' {name} holds {values.dtype} values, not whole numbers",
+            DAMAGED_HINT,
+        )
+    return values.astype(np.int64)
 
 
 def _values_per_row(footer, name: str) -> int | None:
