@@ -943,3 +943,42 @@ table(lerobot_edited, {
     "lerobot-timestamps-off": (None, None, _lerobot_stamps_doubled, 1,
                                "episode 0's step 1 has the timestamp 0.2 s, not 0.1 s"),
 })  # fmt: skip
+
+
+def _lerobot_column(name: str, values: list, kind: str):
+    """An edit of the LeRobot fixture's data: its column ``name`` replaced by ``values`` (pyarrow
+    type ``kind``; ``"ragged"``: lists of floats of the rows' own lengths)."""
+
+    def edit(path: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        file = path / "data/chunk-000/file-000.parquet"
+        frames = pq.read_table(file)
+        rows = [values[i % len(values)] for i in range(frames.num_rows)]
+        column = pa.array(rows, pa.list_(pa.float32()) if kind == "ragged" else kind)
+        where = frames.schema.get_field_index(name)
+        pq.write_table(frames.set_column(where, name, column), file)
+
+    return edit
+
+
+def _declare(name: str, dtype: str) -> dict:
+    meta = json.loads((LEROBOT / "meta/info.json").read_text())
+    meta["features"][name]["dtype"] = dtype
+    return {"features": meta["features"]}
+
+
+table(lerobot_edited, {
+    "lerobot-uint8-wraps": (_declare("next.reward", "uint8"), None,
+                            _lerobot_column("next.reward", [300.7, 1.0], "float64"), 1,
+                            "the column next.reward holds 300.7 (12 such values), not a whole "
+                            "number in uint8's 0..255; info.json declares it uint8"),
+    "lerobot-int8-wraps": (_declare("next.reward", "int8"), None,
+                           _lerobot_column("next.reward", [1000], "int64"), 1,
+                           "holds 1000 (24 such values), not a whole number in int8's"),
+    "lerobot-list-ragged": (None, None,
+                            _lerobot_column("observation.state", [[1.0, 2.0, 3.0], [4.0]],
+                                            "ragged"), 1,
+                            "row 0 of the column observation.state holds 3 values, not the 2"),
+})  # fmt: skip

@@ -31,6 +31,7 @@ from swmcli.data.foreign.common import DAMAGED_HINT, LEROBOT, reading
 from swmcli.data.foreign.jpeg import MAX_SIDE
 from swmcli.data.foreign.video import check_decoded, codec_name, decode_at, frame_rate
 from swmcli.data.storage.containment import inside
+from swmcli.data.storage.schema import unfit
 from swmcli.errors import DatasetError, UsageError
 
 _INDEX_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -314,14 +315,41 @@ class LeRobotSource:
         import pyarrow.parquet as pq
 
         if (file, name) not in self._cache:
-            column = pq.read_table(file, columns=[name]).column(name).combine_chunks()
-            values = column.flatten() if hasattr(column, "flatten") else column
-            array = values.to_numpy(zero_copy_only=False)
-            dtype, shape = self.columns.get(name, (array.dtype, ()))
-            if array.size != len(column) * max(int(np.prod(shape)), 1):
-                raise DatasetError(f"{file}: {name} does not hold {shape} per row", DAMAGED_HINT)
-            self._cache[file, name] = array.reshape(len(column), *shape).astype(dtype)
+            column = pq.read_table(file, columns=[name]).column(name)
+            self._cache[file, name] = self._as_declared(column, name, file)
         return self._cache[file, name]
+
+    def _as_declared(self, column, name: str, file: Path) -> np.ndarray:
+        """A parquet column as ``(rows, *shape)`` of the dtype info.json declares; refused
+        unless every row holds ``shape``'s values (a ragged list is not re-cut from its flat
+        values) and every value fits the dtype (300.7 as uint8 would wrap to 44)."""
+        import pyarrow.compute as pc
+
+        column = column.combine_chunks()
+        dtype, shape = self.columns.get(name, (None, ()))
+        width = max(int(np.prod(shape)), 1)
+        if column.null_count:
+            raise DatasetError(f"{file}: the column {name} holds empty (null) rows", DAMAGED_HINT)
+        sizes = np.ones(len(column), np.int64)
+        if hasattr(column, "flatten"):
+            sizes = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+            column = column.flatten()
+        wrong = np.flatnonzero(sizes != width)
+        if len(wrong):
+            raise DatasetError(
+                f"{file}: row {int(wrong[0])} of the column {name} holds {int(sizes[wrong[0]])} "
+                f"values, not the {width} of its shape {list(shape) or [1]} in info.json",
+                DAMAGED_HINT,
+            )
+        values = column.to_numpy(zero_copy_only=False)
+        problem = unfit(values, dtype) if dtype is not None else None
+        if problem:
+            raise DatasetError(
+                f"{file}: the column {name} {problem}; info.json declares it {dtype}",
+                DAMAGED_HINT,
+            )
+        values = values if dtype is None else values.astype(dtype, copy=False)
+        return values.reshape(-1, *shape)
 
     def _positions(self, file: Path, indices: np.ndarray) -> np.ndarray:
         """Rows of ``file`` holding the frames with these global ``index`` values."""
@@ -416,7 +444,7 @@ class LeRobotSource:
 
     def _last_values(self, name: str, episodes: np.ndarray) -> np.ndarray:
         """``name`` on the last row of these episodes (swm's export keeps it beside the frames)."""
-        dtype, shape = self.columns[name]
+        shape = self.columns[name][1]
         if name in self._videos or name in self._images:
             blobs = self._blobs(self._last["file"], name, episodes)
             return jpeg.decode(blobs, shape, f"{self._last['file']} ({name})")
@@ -424,10 +452,7 @@ class LeRobotSource:
             import pyarrow.parquet as pq
 
             column = pq.read_table(self._last["file"], columns=[name]).column(name)
-            flat = column.combine_chunks()
-            flat = flat.flatten() if hasattr(flat, "flatten") else flat
-            values = flat.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
-            self._last["values"][name] = values.astype(dtype)
+            self._last["values"][name] = self._as_declared(column, name, self._last["file"])
         return self._last["values"][name][episodes]
 
     def _frames_in(self, name: str, video: Path) -> int:
