@@ -982,3 +982,55 @@ table(lerobot_edited, {
                                             "ragged"), 1,
                             "row 0 of the column observation.state holds 3 values, not the 2"),
 })  # fmt: skip
+
+
+def minari_episode_one(root: Path, frames: Callable[[int], np.ndarray], says: str) -> Case:
+    """``swm convert`` of a Minari dataset whose episode_1 holds the observations ``frames(T+1)``
+    (episode_0 holds uint8 frames of 16x16x3)."""
+
+    def build(file):
+        steps = file["episode_1/actions"].shape[0]
+        del file["episode_1/observations"]
+        file["episode_1/observations"] = frames(steps + 1)
+
+    actions = [np.zeros((4, 2), np.float32)] * 2
+    return convert(root, minari(root / "in" / "minari", actions, build=build), 1, says)
+
+
+table(minari_episode_one, {
+    "minari-episode-channels-first": (lambda rows: np.zeros((rows, 3, 16, 16), np.uint8),
+                                      "episode_1/observations holds uint8 rows of shape "
+                                      "(3, 16, 16), episode_0 uint8 rows of shape (16, 16, 3)"),
+    "minari-episode-float": (lambda rows: np.full((rows, 16, 16, 3), 0.5),
+                             "episode_1/observations holds float64 rows of shape (16, 16, 3), "
+                             "episode_0 uint8"),
+})  # fmt: skip
+
+
+def _png16(value: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((8, 8), value, np.uint16)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def frames_lance(root: Path, frames: list, code: int, says: str, command="info") -> Case:
+    """``swm info`` (or convert) of stable-worldmodel's Lance table whose frames are ``frames``."""
+    source = upstream_lance(root / "in" / "frames.lance", [0] * len(frames),
+                            list(range(len(frames))), pixels=frames)  # fmt: skip
+    if command == "convert":
+        return convert(root, source, code, says)
+    return Case(["info", str(source)], code, says)
+
+
+table(frames_lance, {
+    "png-sixteen-bit": ([_png16(v) for v in (300, 40000, 65535)], 1,
+                        "a frame of PNG mode I;16 (more than 8 bits a channel)"),
+    "png-then-jpeg": ([image_bytes(kind="PNG"), image_bytes(kind="PNG"),
+                       image_bytes(value=90)], 1,
+                      "a frame is JPEG quality 75, the column's first PNG (lossless): frames of "
+                      "mixed codecs", "convert"),
+})  # fmt: skip

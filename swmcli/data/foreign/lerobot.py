@@ -143,6 +143,7 @@ class LeRobotSource:
         self._groups = {}  # parquet file -> its row groups (frames in parquet are read by group)
         self._video_frames = {}  # (video key, file) -> frames of the episodes it holds
         codecs = {name: self._codec(name) for name in (*self._videos, *self._images)}
+        self._codecs = codecs
         if self._videos:  # frames are found by timestamp: the fps must be the data's and video's
             with reading(self.path):
                 self._check_timestamps(self._data_file(0), np.arange(self._frame_counts[0]), 0)
@@ -395,7 +396,7 @@ class LeRobotSource:
         positions = self._positions(file, self._episodes["dataset_from_index"][episode] + steps)
         if name in self._images:
             blobs = self._blobs(file, f"{name}", positions, "bytes")
-            return jpeg.decode(blobs, self._images[name], f"{file} ({name})")
+            return jpeg.decode(blobs, self._images[name], f"{file} ({name})", self._codecs[name])
         video = self._video_file(name, episode)
         check_decoded(video.stat().st_size, self._frames_in(name, video), self._videos[name], video)
         stamps = self._check_timestamps(file, steps, episode)

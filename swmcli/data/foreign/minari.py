@@ -110,6 +110,7 @@ class MinariSource:
             for name in ("actions", *_ARRIVAL):
                 self._leaves[name] = name
         self._jpeg = {name for name, leaf in self._leaves.items() if _is_jpeg_column(first[leaf])}
+        self._first = {leaf: (first[leaf].dtype, first[leaf].shape[1:]) for leaf in self._leaves}
         self.lengths = np.array([self._check_episode(e) for e in self._episodes], dtype=np.int64)
         self.columns = {name: self._column(first, name) for name in self._leaves}
         self.defaults = self._default_keys()
@@ -124,15 +125,33 @@ class MinariSource:
         }
 
     def _codec(self, first) -> str:
-        if not self._jpeg:
-            return "raw (uncompressed)"
-        return jpeg.codec(self._blobs(first[self._leaves[min(self._jpeg)]], 0, 1)[0])[0]
+        """Each JPEG column's codec, by its first frame (``decode`` holds the others to it)."""
+        self._codecs = {
+            name: jpeg.codec(self._blobs(first[self._leaves[name]], 0, 1)[0])[0]
+            for name in self._jpeg
+        }
+        return ", ".join(sorted(set(self._codecs.values()))) or "raw (uncompressed)"
 
     def _check_episode(self, group) -> int:
         """T+1, after checking every column's length and stored bytes in this episode."""
+        import h5py
+
         steps = group["actions"].shape[0]
         for name, leaf in self._leaves.items():
-            dataset = group[leaf]
+            dataset = group.get(leaf)
+            if not isinstance(dataset, h5py.Dataset):
+                raise DatasetError(
+                    f"{self.path}: {group.name} has no dataset {leaf} (episode_0 has one)",
+                    DAMAGED_HINT,
+                )
+            dtype, shape = self._first[name]
+            if (dataset.dtype, dataset.shape[1:]) != (dtype, shape) and name not in self._jpeg:
+                raise DatasetError(
+                    f"{self.path}: {group.name}/{leaf} holds {dataset.dtype} rows of shape "
+                    f"{dataset.shape[1:]}, episode_0 {dtype} rows of shape {shape}: an episode "
+                    "of another kind",
+                    DAMAGED_HINT,
+                )
             want = steps + 1 if name.startswith("observations") else steps
             if not dataset.shape or dataset.shape[0] != want:
                 raise DatasetError(
@@ -188,7 +207,8 @@ class MinariSource:
             return out
         low, high = int(source.min()), int(source.max()) + 1
         if name in self._jpeg:
-            block = jpeg.decode(self._blobs(dataset, low, high), shape, f"{self.path} ({name})")
+            blobs, where = self._blobs(dataset, low, high), f"{self.path} ({name})"
+            block = jpeg.decode(blobs, shape, where, self._codecs[name])
         else:
             block = dataset[low:high]
         out[valid] = block[source - low].reshape(-1, *shape)

@@ -261,13 +261,17 @@ class UpstreamLance:
         return videos
 
     def _codec(self, first_row) -> dict:
+        """Each image column's codec, by its first frame (``decode`` holds the others to it)."""
+        said = {name: jpeg.codec(first_row.column(name)[0].as_py()) for name in self._images}
+        self._codecs = {name: codec for name, (codec, _) in said.items()}
         if self._videos is not None and self._videos.columns:
             frames = ", ".join(self._videos.columns)
             return {"codec": f"{self._videos.codec} (lance_video)", "lossy": f"frames ({frames})"}
         if not self._images:
             return {"codec": None, "lossy": False}
-        codec, lossy = jpeg.codec(first_row.column(next(iter(self._images)))[0].as_py())
-        frames = f"frames ({', '.join(self._images)}); " if lossy else ""
+        lossy = [name for name, (_, lossy) in said.items() if lossy]
+        frames = f"frames ({', '.join(lossy)}); " if lossy else ""
+        codec = ", ".join(sorted(set(self._codecs.values())))
         return {"codec": codec, "lossy": f"{frames}numbers are float32 as stored"}
 
     def _take(self, names: list[str], rows: np.ndarray):
@@ -291,7 +295,8 @@ class UpstreamLance:
         if name in self._images:
             table, inverse = self._take([name], rows)
             blobs = table.column(name).to_pylist()
-            return jpeg.decode(blobs, self._images[name], f"{self.path} ({name})")[inverse]
+            where = f"{self.path} ({name})"
+            return jpeg.decode(blobs, self._images[name], where, self._codecs[name])[inverse]
         return self._align.apply(name, rows, np.array(self._numbers(name, rows)))
 
     def read_many(self, names: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
