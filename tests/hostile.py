@@ -1034,3 +1034,30 @@ table(frames_lance, {
                       "a frame is JPEG quality 75, the column's first PNG (lossless): frames of "
                       "mixed codecs", "convert"),
 })  # fmt: skip
+
+
+def _float64_huge(path: Path) -> Path:
+    """swm's own HDF5 dataset whose float64 column ``state`` holds 1e300 on one row."""
+    from swmcli import open_writer
+
+    with open_writer(path, mode="overwrite") as writer:
+        writer.write_episode({
+            "action": np.zeros((3, 2), np.float32),
+            "state": np.array([[0.5], [1e300], [2.0]]),
+        })  # fmt: skip
+    return path
+
+
+@case
+def float64_huge_to_upstream_lance(root):
+    source = _float64_huge(root / "in" / "big.h5")
+    says = "the column state holds 1e+300 (1 such values), beyond float32's largest"
+    return convert(root, source, 2, says, "--layout", "stable-worldmodel", to="out/up.lance")
+
+
+table(lerobot_edited, {
+    "lerobot-float64-huge": (None, None,
+                             _lerobot_column("next.reward", [1e300, 0.0], "float64"), 1,
+                             "the column next.reward holds 1e+300 (12 such values), beyond "
+                             "float32's largest"),
+})  # fmt: skip
