@@ -1061,3 +1061,53 @@ table(lerobot_edited, {
                              "the column next.reward holds 1e+300 (12 such values), beyond "
                              "float32's largest"),
 })  # fmt: skip
+
+
+def _uint16_state(path: Path) -> Path:
+    """swm's dataset with a uint16 column ``state`` of shape (1,) (60000 fits no int16)."""
+    from swmcli import open_writer
+
+    with open_writer(path, mode="overwrite") as writer:
+        writer.write_episode({
+            "pixels": np.zeros((3, 16, 16, 3), np.uint8),
+            "action": np.ones((3, 2), np.float32),  # a last action, as a user's writer may keep
+            "state": np.array([[1], [60000], [3]], np.uint16),
+        })  # fmt: skip
+    return path
+
+
+def _reads_back(to: str, key: str, dtype, shape: tuple):
+    def check(root: Path) -> None:
+        from swmcli.data.formats import open_reader
+
+        reader = open_reader(root / to)
+        try:
+            assert reader.keys[key] == (np.dtype(dtype), shape), reader.keys
+        finally:
+            reader.close()
+
+    return check
+
+
+def export_case(root: Path, write, to: str, flags: str, code: int, says: str, check=None) -> Case:
+    """``swm convert`` of the dataset ``write(path)`` to ``to`` with ``flags`` (an export)."""
+    source = write(root / "in" / "x.lance")
+    found = convert(root, source, code, says, *flags.split(), to=to)
+    found.check = check
+    return found
+
+
+table(export_case, {
+    "export-float-pixels": (lambda p: swm_data(p, dtype=np.float32, episodes=1, length=3),
+                            "out/lr", "--layout lerobot", 2,
+                            "pixels holds float32 frames; a --layout lerobot export cannot keep "
+                            "them"),
+    "export-uint16-pixels": (lambda p: swm_data(p, dtype=np.uint16, episodes=1, length=3),
+                             "out/up.lance", "--layout stable-worldmodel", 2,
+                             "stable-worldmodel's Lance layout (JPEG) holds 8-bit frames"),
+    "export-uint16-column": (_uint16_state, "out/lr", "--layout lerobot", 0, "verified",
+                             _reads_back("out/lr", "state", np.uint16, (1,))),
+    "export-minari-renamed": (lambda p: swm_data(p, episodes=1, length=3), "out/m-v0",
+                              "--layout minari --map pixels=rgb", 0, "verified",
+                              _reads_back("out/m-v0", "rgb", np.uint8, (16, 16, 3))),
+})  # fmt: skip

@@ -37,7 +37,8 @@ from swmcli.errors import DatasetError, UsageError
 _INDEX_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 _ARRIVAL = {"next.reward": "reward", "next.done": "terminated", "next.truncated": "truncated"}
 _KEYS = {"observation.state": "proprio", "observation.environment_state": "state", **_ARRIVAL}
-_NUMBERS = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+_INTEGERS = tuple(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64))
+_NUMBERS = ("float16", "float32", "float64", "bool", *_INTEGERS)
 _TEMPLATE_FIELDS = {"chunk_index", "file_index", "video_key", "episode_index"}
 _MAX_TEMPLATE, _MAX_WIDTH = 1024, 20  # characters of a path template; digits of one field
 _MAX_DIMS = 8
@@ -126,7 +127,7 @@ class LeRobotSource:
             elif dtype in _NUMBERS:
                 if name == "action" and dtype not in ("float16", "float32", "float64"):
                     dtype = "float32"  # the last row's action is NaN
-                scalar = shape in ((), (1,)) and name != "action"
+                scalar = shape == () and name != "action"  # [1]: by its column (_check_stored)
                 self.columns[name] = (np.dtype(dtype), () if scalar else shape)
             else:
                 dropped[name] = f"{dtype} (swm stores numbers and frames)"
@@ -262,6 +263,8 @@ class LeRobotSource:
                     f"its data holds {per_row} values a row",
                     DAMAGED_HINT,
                 )
+            if shape == (1,) and name != "action" and _values_per_row(footer, name, lists=False):
+                self.columns[name] = (self.columns[name][0], ())  # a number a row, not a list
 
     def _default_keys(self, exported) -> dict[str, str]:
         """swm's keys: an export's own (``swm_keys`` in info.json), else LeRobot's usual names."""
@@ -538,9 +541,10 @@ def _whole_numbers(values: np.ndarray, name: str, where) -> np.ndarray:
     return values.astype(np.int64)
 
 
-def _values_per_row(footer, name: str) -> int | None:
-    """Values a row of the column ``name`` holds, from a parquet footer (None: no such column)."""
-    paths = (name, *(f"{name}.{leaf}" for leaf in _LIST_LEAVES))
+def _values_per_row(footer, name: str, lists: bool = True) -> int | None:
+    """Values a row of the column ``name`` holds, from a parquet footer (None: no such column;
+    not ``lists``: no such column that is not a list)."""
+    paths = (name, *(f"{name}.{leaf}" for leaf in _LIST_LEAVES if lists))
     leaves = [i for i in range(footer.num_columns) if footer.schema.column(i).path in paths]
     if not leaves or not footer.num_rows:
         return None

@@ -85,9 +85,15 @@ class MinariSource:
         if file.stat().st_size > _MAX_METADATA_BYTES:
             raise DatasetError(f"{file} is larger than any Minari metadata", DAMAGED_HINT)
         try:
-            return json.loads(file.read_text())
+            metadata = json.loads(file.read_text())
         except ValueError as error:
             raise DatasetError(f"{file} is not JSON ({error})", DAMAGED_HINT) from None
+        if not isinstance(metadata, dict):
+            raise DatasetError(
+                f"{file} holds a JSON {type(metadata).__name__}, not Minari's object of fields",
+                DAMAGED_HINT,
+            )
+        return metadata
 
     def _open(self, metadata: dict) -> None:
         import h5py
@@ -113,7 +119,7 @@ class MinariSource:
         self._first = {leaf: (first[leaf].dtype, first[leaf].shape[1:]) for leaf in self._leaves}
         self.lengths = np.array([self._check_episode(e) for e in self._episodes], dtype=np.int64)
         self.columns = {name: self._column(first, name) for name in self._leaves}
-        self.defaults = self._default_keys()
+        self.defaults = self._default_keys(metadata.get("swm_keys"))
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
         self.info = {
             "dataset_id": metadata.get("dataset_id"),
@@ -173,10 +179,14 @@ class MinariSource:
             shape = shape or (1,)  # one number a step, as swm stores an action
         return dtype, shape
 
-    def _default_keys(self) -> dict[str, str]:
-        """swm's keys: observations by their own names (a single one: ``state``), the first
-        image ``pixels`` unless one is already called so."""
+    def _default_keys(self, exported) -> dict[str, str]:
+        """swm's keys: an export's own (``swm_keys`` in the metadata), else observations by
+        their own names (a single one: ``state``), the first image ``pixels`` unless one is
+        already called so."""
         keys = {"actions": "action", **_ARRIVAL}
+        if isinstance(exported, dict):
+            said = {str(name): str(key) for name, key in exported.items() if name in self.columns}
+            return {**keys, **said}
         named = "observations/pixels" in self.columns
         for name, (_, shape) in self.columns.items():
             if name.startswith("observations"):
