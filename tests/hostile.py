@@ -1111,3 +1111,50 @@ table(export_case, {
                               "--layout minari --map pixels=rgb", 0, "verified",
                               _reads_back("out/m-v0", "rgb", np.uint8, (16, 16, 3))),
 })  # fmt: skip
+
+
+@case
+def minari_metadata_list(root):
+    source = minari(root / "in" / "minari", [np.zeros((3, 2), np.float32)])
+    (source / "data" / "metadata.json").write_text("[1, 2]")
+    return convert(root, source, 1, "holds a JSON list, not Minari's object of fields")
+
+
+@case
+def lerobot_version_capital(root):
+    source = lerobot(root, lambda meta: meta.update(codebase_version="V3.0"))
+    return Case(["info", str(source)], 0, "LeRobot")
+
+
+@case
+def lerobot_info_huge(root):
+    source = lerobot(root, lambda meta: meta.update(padding="x" * (4 * 2**20)))
+    return Case(["info", str(source)], 1, "MiB: larger than any LeRobot info.json")
+
+
+@case
+def model_buffer_nan(root):
+    body = ("\n\ndef build(action_dim, frameskip):\n    model = Model(action_dim, frameskip)\n"
+            "    model.register_buffer('scale', torch.full((2,), float('nan')))\n"
+            "    return model\n")  # fmt: skip
+    return model_case(root, body, 2, "the model holds non-finite values in model.scale before "
+                      "its first training step")  # fmt: skip
+
+
+@case
+def path_emoji_code(root):
+    return Case(["info", str(root / "in" / "pol:factory:")], 2, "in/pol:factory:")
+
+
+@case
+def out_newline_lance(root):
+    out = root / "out" / "a\nb.lance"
+    args = ["collect", "--preset", "tiny", "--steps", "3", "--out", str(out)]
+    return Case(args, 2, "b.lance' holds a control character", writes=("out",))
+
+
+@case
+def lock_name_too_long(root):
+    out = root / "out" / ("n" * 250 + ".lance")
+    args = ["collect", "--preset", "tiny", "--steps", "3", "--out", str(out)]
+    return Case(args, 1, "choose a name of at most 243 bytes", writes=("out",))

@@ -33,6 +33,7 @@ from swmcli.data.foreign.video import check_decoded, codec_name, decode_at, fram
 from swmcli.data.storage.containment import inside
 from swmcli.data.storage.schema import unfit
 from swmcli.errors import DatasetError, UsageError
+from swmcli.units import format_bytes
 
 _INDEX_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 _ARRIVAL = {"next.reward": "reward", "next.done": "terminated", "next.truncated": "truncated"}
@@ -61,13 +62,19 @@ def detect(path: Path) -> str | None:
     """LEROBOT for a directory whose meta/info.json says codebase_version v3.x; a LeRobot dataset
     of another version is a UsageError saying so (swm reads v3 only)."""
     info = path / "meta" / "info.json"
-    if not path.is_dir() or not info.is_file() or info.stat().st_size > _MAX_INFO_BYTES:
+    if not path.is_dir() or not info.is_file():
         return None
+    if (size := info.stat().st_size) > _MAX_INFO_BYTES:
+        raise DatasetError(
+            f"{info} is {format_bytes(size)}: larger than any LeRobot info.json "
+            f"(swm reads {format_bytes(_MAX_INFO_BYTES)} at most)",
+            DAMAGED_HINT,
+        )
     try:
         version = str(json.loads(info.read_text())["codebase_version"])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
-    if version.startswith("v3"):
+    if version.lower().startswith("v3"):  # "V3.0" too
         return LEROBOT
     raise UsageError(
         f"{path} is a LeRobot {version} dataset: swm reads LeRobot v3 datasets "

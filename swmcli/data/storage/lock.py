@@ -38,12 +38,29 @@ def _open_lock(path: Path):
     return open(path, "a+")  # the handle is the lock: it lives as long as the lock
 
 
+_NAME_MAX = 255  # bytes of one file name on Linux's and macOS's file systems
+
+
+def _check_name_fits(path: Path, error: type[SwmError]) -> None:
+    """Refuse a dataset or run name too long for its lock file ``.NAME.swm-writer`` beside it
+    (the OS would say "File name too long" of a file the user never named)."""
+    size = len(os.fsencode(writer_lock_path(path).name))
+    if size > _NAME_MAX:
+        most = _NAME_MAX - (size - len(os.fsencode(path.name)))
+        raise error(
+            f"the name {path.name[:40]}... is {len(os.fsencode(path.name))} bytes: swm's lock "
+            f"beside it (.NAME.swm-writer) would pass the {_NAME_MAX} bytes a file name can have",
+            hint=f"choose a name of at most {most} bytes",
+        )
+
+
 class WriterLock:
     """The exclusive right to write one dataset (or run directory), held until ``release`` (or
     the process dies). A refused writer gets ``error`` (a ``DatasetError`` for a dataset) naming
     the holder's PID and command."""
 
     def __init__(self, path: Path, error: type[SwmError] = DatasetError, hint: str | None = None):
+        _check_name_fits(Path(path), error)
         self.path = writer_lock_path(path)
         while True:
             handle = _open_lock(self.path)
