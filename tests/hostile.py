@@ -1158,3 +1158,10 @@ def lock_name_too_long(root):
     out = root / "out" / ("n" * 250 + ".lance")
     args = ["collect", "--preset", "tiny", "--steps", "3", "--out", str(out)]
     return Case(args, 1, "choose a name of at most 243 bytes", writes=("out",))
+
+
+table(exported, {
+    "export-metadata-keys-list": (json.dumps({"keys": [1, 2]}), 'holds no object "keys"'),
+    "export-metadata-entry-text": (json.dumps({"keys": {"action": "f4"}}),
+                                   'gives action "f4", not [DTYPE, SHAPE] of numbers'),
+})  # fmt: skip

@@ -15,6 +15,7 @@ says which convention the data shows (HDF5's own ``step_idx`` starts at 1 in 0.1
 in Lance the writer renumbers it, so the last actions tell) and what was done.
 """
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from swmcli.data.foreign.common import (
 from swmcli.data.foreign.video import LanceVideos
 from swmcli.data.storage.containment import check_hdf5
 from swmcli.data.storage.lance import _mark_opened
-from swmcli.data.storage.schema import FOLDER_METADATA, schema_from_json
+from swmcli.data.storage.schema import FOLDER_METADATA
 from swmcli.errors import DatasetError, UsageError, first_line
 
 EXPORT_KEY = "swm_export"  # swm's schema, kept by an export so a re-import restores it exactly
@@ -320,15 +321,38 @@ def _exported_schema(metadata: dict, where) -> dict:
     if raw is None:
         return {}
     try:
-        schema = schema_from_json(json.loads(raw)["keys"])
-        for dtype, shape in schema.values():
-            if dtype.kind not in "biuf" or len(shape) > 8 or min(shape, default=1) < 1:
-                raise ValueError(f"{dtype} {shape} is not a column of numbers")
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        said = json.loads(raw)
+    except ValueError as error:
         raise DatasetError(
-            f"{where}: its {EXPORT_KEY} metadata is damaged ({first_line(error)})", DAMAGED_HINT
+            f"{where}: its {EXPORT_KEY} metadata is damaged (not JSON: {first_line(error)})",
+            DAMAGED_HINT,
         ) from None
-    return schema
+    keys = said.get("keys") if isinstance(said, dict) else None
+    if not isinstance(keys, dict):
+        raise DatasetError(
+            f"{where}: its {EXPORT_KEY} metadata is damaged: it holds no object \"keys\" "
+            '(swm\'s export writes {"keys": {"NAME": [DTYPE, SHAPE]}})',
+            DAMAGED_HINT,
+        )
+    return {str(name): _exported_column(name, entry, where) for name, entry in keys.items()}
+
+
+def _exported_column(name, entry, where) -> tuple:
+    """One column of an export's schema: ``[DTYPE, SHAPE]``, a dtype of numbers and a shape of
+    at most 8 sides >= 1, else a DatasetError naming the column and what it holds."""
+    dtype = None
+    if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str):
+        shape = entry[1]
+        sides = isinstance(shape, list) and all(type(n) is int and n >= 1 for n in shape)
+        with contextlib.suppress(TypeError):  # no dtype numpy knows
+            dtype = np.dtype(entry[0]) if sides and len(shape) <= 8 else None
+    if dtype is None or dtype.kind not in "biuf":
+        raise DatasetError(
+            f"{where}: its {EXPORT_KEY} metadata gives {name} {json.dumps(entry)[:80]}, not "
+            "[DTYPE, SHAPE] of numbers (a shape of at most 8 sides >= 1)",
+            DAMAGED_HINT,
+        )
+    return dtype, tuple(entry[1])
 
 
 def _as_action(name: str, dtype) -> np.dtype:
