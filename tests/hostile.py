@@ -1165,3 +1165,27 @@ table(exported, {
     "export-metadata-entry-text": (json.dumps({"keys": {"action": "f4"}}),
                                    'gives action "f4", not [DTYPE, SHAPE] of numbers'),
 })  # fmt: skip
+
+
+@case
+def convert_over_a_dataset_being_read(root):
+    """``convert --overwrite`` onto a Lance dataset another reader holds open (what a streaming
+    train does): refused, and the dataset reads as before once the reader lets go."""
+    from swmcli.data.formats import open_reader
+
+    source = swm_data(root / "in" / "x.lance", episodes=1, length=3)
+    target = swm_data(root / "out" / "read.lance", episodes=2, length=3)
+    reader = open_reader(target)  # held until the check: the command runs meanwhile
+
+    def check(root: Path) -> None:
+        reader.close()
+        again = open_reader(target)
+        try:
+            assert again.num_episodes == 2
+        finally:
+            again.close()
+
+    found = convert(root, source, 2, "another process is reading it", "--overwrite",
+                    to="out/read.lance")  # fmt: skip
+    found.check = check
+    return found

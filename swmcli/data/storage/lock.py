@@ -172,3 +172,15 @@ def no_readers(path: Path):
         handle.close()
         return None
     return handle
+
+
+def being_read(path: Path) -> bool:
+    """True while a process holds the dataset at ``path`` open for reading (a local Lance
+    dataset: its readers share a lock in it, a streaming train's included)."""
+    if not _readers_lock_path(path).is_file():
+        return False
+    hold = no_readers(path)
+    if hold is None:
+        return True
+    hold.close()
+    return False
