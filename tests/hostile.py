@@ -1189,3 +1189,35 @@ def convert_over_a_dataset_being_read(root):
                     to="out/read.lance")  # fmt: skip
     found.check = check
     return found
+
+
+def _features_with(name: str, value) -> dict:
+    meta = json.loads((LEROBOT / "meta/info.json").read_text())
+    return {"features": {**meta["features"], name: value}}
+
+
+table(lerobot_edited, {
+    "lerobot-features-list": ({"features": [1]}, None, None, 1,
+                              "info.json's features is a list, not an object of features"),
+    "lerobot-feature-list": (_features_with("observation.state", [1]), None, None, 1,
+                             "info.json's feature observation.state is a list, not an object"),
+})  # fmt: skip
+
+
+def minari_actions(root: Path, actions: np.ndarray, says: str) -> Case:
+    """``swm convert`` of a Minari dataset whose episode_0 holds the actions ``actions``."""
+
+    def build(file):
+        del file["episode_0/actions"]
+        file["episode_0/actions"] = actions
+
+    source = minari(root / "in" / "minari", [np.zeros((3, 2), np.float32)], build=build)
+    return convert(root, source, 1, says)
+
+
+table(minari_actions, {
+    "minari-actions-single-value": (np.float32(1), "/episode_0/actions is a single value, not one "
+                                    "action a step"),
+    "minari-actions-no-values": (np.zeros((3, 0), np.float32), "/episode_0/actions holds rows of "
+                                 "shape (0,): no values a row"),
+})  # fmt: skip

@@ -121,11 +121,23 @@ class LeRobotSource:
 
     def _open(self, info: dict) -> None:
         self.fps = _fps(info.get("fps"), self.path)
-        features = info["features"]
+        features = info.get("features")
+        if not isinstance(features, dict):
+            raise DatasetError(
+                f"{self.path}: info.json's features is {_json_kind(features)}, not an object of "
+                "features by name",
+                DAMAGED_HINT,
+            )
         self._videos, self._images, self.columns, dropped = {}, {}, {}, {}
         for name, feature in features.items():
             if name in _INDEX_FEATURES:
                 continue
+            if not isinstance(feature, dict):
+                raise DatasetError(
+                    f"{self.path}: info.json's feature {name} is {_json_kind(feature)}, not an "
+                    "object of its dtype, shape and names",
+                    DAMAGED_HINT,
+                )
             dtype, shape = feature.get("dtype"), _declared_shape(name, feature, self.path)
             if dtype in ("video", "image"):
                 frames = self._videos if dtype == "video" else self._images
@@ -536,6 +548,12 @@ def _fps(value, where) -> float:
             DAMAGED_HINT,
         )
     return float(value)
+
+
+def _json_kind(value) -> str:
+    """What a JSON value is, in JSON's words."""
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    return "null" if value is None else kinds.get(type(value), "a number")
 
 
 def _whole_numbers(values: np.ndarray, name: str, where) -> np.ndarray:

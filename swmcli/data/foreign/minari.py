@@ -142,7 +142,14 @@ class MinariSource:
         """T+1, after checking every column's length and stored bytes in this episode."""
         import h5py
 
-        steps = group["actions"].shape[0]
+        actions = group.get("actions")
+        if not isinstance(actions, h5py.Dataset) or not actions.shape:
+            what = "a single value" if isinstance(actions, h5py.Dataset) else "missing"
+            raise DatasetError(
+                f"{self.path}: {group.name}/actions is {what}, not one action a step",
+                DAMAGED_HINT,
+            )
+        steps = actions.shape[0]
         for name, leaf in self._leaves.items():
             dataset = group.get(leaf)
             if not isinstance(dataset, h5py.Dataset):
@@ -158,10 +165,17 @@ class MinariSource:
                     "of another kind",
                     DAMAGED_HINT,
                 )
+            if 0 in shape:
+                raise DatasetError(
+                    f"{self.path}: {group.name}/{leaf} holds rows of shape {shape}: no values a "
+                    "row",
+                    DAMAGED_HINT,
+                )
             want = steps + 1 if name.startswith("observations") else steps
             if not dataset.shape or dataset.shape[0] != want:
+                held = f"{dataset.shape[0]} rows" if dataset.shape else "a single value"
                 raise DatasetError(
-                    f"{self.path}: {group.name}/{leaf} holds {dataset.shape[:1]} rows, not {want}",
+                    f"{self.path}: {group.name}/{leaf} holds {held}, not {want} rows",
                     DAMAGED_HINT,
                 )
             if name not in self._jpeg:
