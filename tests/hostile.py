@@ -1221,3 +1221,20 @@ table(minari_actions, {
     "minari-actions-no-values": (np.zeros((3, 0), np.float32), "/episode_0/actions holds rows of "
                                  "shape (0,): no values a row"),
 })  # fmt: skip
+
+
+def _video_garbage(path: Path) -> None:
+    (path / "videos/observation.image/chunk-000/file-000.mp4").write_bytes(b"x" * 5000)
+
+
+table(lerobot_edited, {
+    "lerobot-video-garbage": (None, None, _video_garbage, 1,
+                              "file-000.mp4: Invalid data found when processing input (not a "
+                              "video FFmpeg decodes)"),
+})  # fmt: skip
+
+
+@case
+def memprofile_picture_format(root):
+    args = ["memprofile", "--preset", "tiny", "--picture", str(root / "out" / "p.xyz")]
+    return Case(args, 2, "matplotlib writes no .xyz picture")

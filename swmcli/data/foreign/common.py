@@ -68,7 +68,17 @@ def reading(path, on_error: Callable[[], None] | None = None):
             on_error()
         if isinstance(error, SwmError) or not isinstance(error, Exception):
             raise
-        raise DatasetError(f"cannot read {path}: {first_line(error)}", DAMAGED_HINT) from None
+        raise DatasetError(f"cannot read {path}: {_cause(error)}", DAMAGED_HINT) from None
+
+
+def _cause(error: Exception) -> str:
+    """What went wrong, in words: a file's error (the OS's, PyAV's) as the file and its cause,
+    without the ``[Errno N]`` of its text."""
+    cause, filename = getattr(error, "strerror", None), getattr(error, "filename", None)
+    if isinstance(cause, str) and cause and filename:
+        video = " (not a video FFmpeg decodes)" if type(error).__module__.startswith("av") else ""
+        return f"{filename}: {cause}{video}"
+    return first_line(error)
 
 
 def check_stored(name: str, claimed_bytes: int, stored_bytes: int, where, ratio: int = 1) -> None:
