@@ -1238,3 +1238,19 @@ table(lerobot_edited, {
 def memprofile_picture_format(root):
     args = ["memprofile", "--preset", "tiny", "--picture", str(root / "out" / "p.xyz")]
     return Case(args, 2, "matplotlib writes no .xyz picture")
+
+
+def upstream_folder_array(root: Path, name: str, values: np.ndarray, says: str) -> Case:
+    """``swm convert`` of stable-worldmodel's folder layout whose ``name.npz`` holds ``values``."""
+    path = _folder(root)
+    np.savez(path / f"{name}.npz", values)
+    return convert(root, path, 1, says, to="out/copy.h5")
+
+
+table(upstream_folder_array, {
+    "upstream-folder-no-values": ("state", np.zeros((14, 2, 0), np.float32),
+                                  "the column state holds rows of shape (2, 0): no values a row"),
+    "upstream-folder-steps-2d": ("step_idx", np.zeros((14, 2), np.int64),
+                                 "step_idx holds 28 values (shape (14, 2)), not one step for each "
+                                 "of the 14 rows"),
+})  # fmt: skip

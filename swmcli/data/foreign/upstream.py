@@ -117,7 +117,14 @@ def step_order(steps: np.ndarray, lengths: np.ndarray, where) -> np.ndarray | No
     stored row ``order[offset + t]``); None when they are stored in that order already. Refused
     unless each episode's ``step_idx`` is a permutation of consecutive steps (a repeated or a
     missing step cannot be put in order)."""
-    steps = np.asarray(steps, dtype=np.int64).reshape(-1)
+    steps, rows = np.asarray(steps, dtype=np.int64), int(np.sum(lengths))
+    if steps.size != rows:
+        raise DatasetError(
+            f"{where}: step_idx holds {steps.size} values (shape {steps.shape}), not one step "
+            f"for each of the {rows} rows",
+            DAMAGED_HINT,
+        )
+    steps = steps.reshape(-1)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     episode = np.repeat(np.arange(len(lengths)), lengths)
     order = np.lexsort((steps, episode))
