@@ -1254,3 +1254,10 @@ table(upstream_folder_array, {
                                  "step_idx holds 28 values (shape (14, 2)), not one step for each "
                                  "of the 14 rows"),
 })  # fmt: skip
+
+
+@case
+def upstream_folder_single_reward(root):
+    path = _folder(root)
+    np.savez(path / "reward.npz", np.float32(1))
+    return Case(["info", str(path)], 0, "a single float32 value, not one a row")

@@ -128,3 +128,11 @@ def check_lengths(lengths: np.ndarray, rows: int, where) -> np.ndarray:
         )
     return lengths
 
+
+
+def not_rows(dtype) -> str:
+    """Why a stored column that is not one value (or array) a row is left out: it holds no
+    numbers, or a single number."""
+    if np.dtype(dtype).kind in "biuf":
+        return f"a single {dtype} value, not one a row"
+    return f"{dtype} (swm stores numbers and frames)"

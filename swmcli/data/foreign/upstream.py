@@ -29,6 +29,7 @@ from swmcli.data.foreign.common import (
     check_hdf5_stored,
     check_lengths,
     is_hdf5,
+    not_rows,
     reading,
 )
 from swmcli.data.foreign.video import LanceVideos
@@ -410,7 +411,7 @@ class UpstreamHdf5:
             if name in ("ep_len", "ep_offset") or not isinstance(dataset, h5py.Dataset):
                 continue
             if dataset.dtype.kind not in "biuf" or not dataset.shape:
-                dropped[name] = f"{dataset.dtype} (swm stores numbers and frames)"
+                dropped[name] = not_rows(dataset.dtype)
                 continue
             check_hdf5_stored(name, dataset, self.path)
             if rows is not None and dataset.shape[0] != rows:

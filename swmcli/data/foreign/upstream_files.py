@@ -22,6 +22,7 @@ from swmcli.data.foreign.common import (
     UPSTREAM_FOLDER,
     UPSTREAM_VIDEO,
     check_lengths,
+    not_rows,
     reading,
 )
 from swmcli.data.foreign.upstream import _Alignment, _as_action, _convention, step_order
@@ -92,7 +93,7 @@ class UpstreamFiles:
                 continue
             values = read_npz(inside(self.path, file.name))
             if values.dtype.kind not in "biuf" or not values.ndim:
-                dropped[file.stem] = f"{values.dtype} (swm stores numbers and frames)"
+                dropped[file.stem] = not_rows(values.dtype)
                 continue
             self._arrays[file.stem] = values
         rows = {len(values) for values in self._arrays.values()}
