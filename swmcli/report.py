@@ -48,13 +48,13 @@ def silence() -> None:
 def _stderr_console(errors: bool = False):
     from rich.console import Console
 
-    return Console(stderr=True, quiet=_silenced and not errors)
+    return Console(stderr=True, quiet=_silenced and not errors, emoji=False)  # :x: as typed
 
 
 def _stdout_console():
     from rich.console import Console
 
-    return Console()
+    return Console(emoji=False)
 
 
 PLAIN_PROGRESS_SECONDS = 10.0  # off a terminal, a plain progress line at least this often

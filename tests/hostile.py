@@ -1092,3 +1092,370 @@ table(model_case, {
         + _subclass("Mute", "predict(self, latents, actions)", "raise Unprintable()"),
         1, "your code raised Unprintable"),
 })  # fmt: skip
+
+
+
+
+# --------------------------------------------- issue 56, hostile-b: overflow, wrong imports, errors
+
+
+def _lerobot_lengths_wrap(table: dict) -> None:
+    """Four episodes whose lengths (two near 2**63) add up, wrapped in int64, to the 24 rows."""
+    for values in table.values():
+        values.append(values[-1])
+    big = 2**63 - 1
+    table["episode_index"][3] = 3
+    table["length"][:] = [8, big, big, 18]
+    table["dataset_from_index"][:] = [0, 8, 16, 24]
+    table["dataset_to_index"][:] = [8, 8 + big - 2**64, 16 + big - 2**64, 42]
+
+
+def _lerobot_stamps_doubled(path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    file = path / "data/chunk-000/file-000.parquet"
+    frames = pq.read_table(file)
+    stamps = pc.multiply(frames.column("timestamp"), pa.scalar(2.0, pa.float32()))
+    where = frames.schema.get_field_index("timestamp")
+    pq.write_table(frames.set_column(where, "timestamp", stamps), file)
+
+
+def lerobot_edited(root: Path, info: dict | None, episodes, edit, code: int, says: str) -> Case:
+    """``swm convert`` of the LeRobot fixture with ``info`` merged into its info.json,
+    ``episodes`` editing its episode table and ``edit(path)`` its files."""
+    path = lerobot(root, (lambda meta: meta.update(info)) if info else None, episodes)
+    if edit is not None:
+        edit(path)
+    return convert(root, path, code, says)
+
+
+table(lerobot_edited, {
+    "lerobot-lengths-wrap": ({"total_frames": None}, _lerobot_lengths_wrap, None, 1,
+                             "episode 1 has length 9223372036854775807 but the data rows"),
+    "lerobot-fps-below-video": ({"fps": 5}, None, None, 1,
+                                "is a video of 10 frames a second, info.json's fps is 5"),
+    "lerobot-fps-tiny": ({"fps": 1e-9}, None, None, 1, "info.json's fps is 1e-09"),
+    "lerobot-fps-true": ({"fps": True}, None, None, 1, "info.json gives the fps True"),
+    "lerobot-timestamps-off": (None, None, _lerobot_stamps_doubled, 1,
+                               "episode 0's step 1 has the timestamp 0.2 s, not 0.1 s"),
+})  # fmt: skip
+
+
+def _lerobot_column(name: str, values: list, kind: str):
+    """An edit of the LeRobot fixture's data: its column ``name`` replaced by ``values`` (pyarrow
+    type ``kind``; ``"ragged"``: lists of floats of the rows' own lengths)."""
+
+    def edit(path: Path) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        file = path / "data/chunk-000/file-000.parquet"
+        frames = pq.read_table(file)
+        rows = [values[i % len(values)] for i in range(frames.num_rows)]
+        column = pa.array(rows, pa.list_(pa.float32()) if kind == "ragged" else kind)
+        where = frames.schema.get_field_index(name)
+        pq.write_table(frames.set_column(where, name, column), file)
+
+    return edit
+
+
+def _declare(name: str, dtype: str) -> dict:
+    meta = json.loads((LEROBOT / "meta/info.json").read_text())
+    meta["features"][name]["dtype"] = dtype
+    return {"features": meta["features"]}
+
+
+table(lerobot_edited, {
+    "lerobot-uint8-wraps": (_declare("next.reward", "uint8"), None,
+                            _lerobot_column("next.reward", [300.7, 1.0], "float64"), 1,
+                            "the column next.reward holds 300.7 (12 such values), not a whole "
+                            "number in uint8's 0..255; info.json declares it uint8"),
+    "lerobot-int8-wraps": (_declare("next.reward", "int8"), None,
+                           _lerobot_column("next.reward", [1000], "int64"), 1,
+                           "holds 1000 (24 such values), not a whole number in int8's"),
+    "lerobot-list-ragged": (None, None,
+                            _lerobot_column("observation.state", [[1.0, 2.0, 3.0], [4.0]],
+                                            "ragged"), 1,
+                            "row 0 of the column observation.state holds 3 values, not the 2"),
+})  # fmt: skip
+
+
+def minari_episode_one(root: Path, frames: Callable[[int], np.ndarray], says: str) -> Case:
+    """``swm convert`` of a Minari dataset whose episode_1 holds the observations ``frames(T+1)``
+    (episode_0 holds uint8 frames of 16x16x3)."""
+
+    def build(file):
+        steps = file["episode_1/actions"].shape[0]
+        del file["episode_1/observations"]
+        file["episode_1/observations"] = frames(steps + 1)
+
+    actions = [np.zeros((4, 2), np.float32)] * 2
+    return convert(root, minari(root / "in" / "minari", actions, build=build), 1, says)
+
+
+table(minari_episode_one, {
+    "minari-episode-channels-first": (lambda rows: np.zeros((rows, 3, 16, 16), np.uint8),
+                                      "episode_1/observations holds uint8 rows of shape "
+                                      "(3, 16, 16), episode_0 uint8 rows of shape (16, 16, 3)"),
+    "minari-episode-float": (lambda rows: np.full((rows, 16, 16, 3), 0.5),
+                             "episode_1/observations holds float64 rows of shape (16, 16, 3), "
+                             "episode_0 uint8"),
+})  # fmt: skip
+
+
+def _png16(value: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((8, 8), value, np.uint16)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def frames_lance(root: Path, frames: list, code: int, says: str, command="info") -> Case:
+    """``swm info`` (or convert) of stable-worldmodel's Lance table whose frames are ``frames``."""
+    source = upstream_lance(root / "in" / "frames.lance", [0] * len(frames),
+                            list(range(len(frames))), pixels=frames)  # fmt: skip
+    if command == "convert":
+        return convert(root, source, code, says)
+    return Case(["info", str(source)], code, says)
+
+
+table(frames_lance, {
+    "png-sixteen-bit": ([_png16(v) for v in (300, 40000, 65535)], 1,
+                        "a frame of PNG mode I;16 (more than 8 bits a channel)"),
+    "png-then-jpeg": ([image_bytes(kind="PNG"), image_bytes(kind="PNG"),
+                       image_bytes(value=90)], 1,
+                      "a frame is JPEG quality 75, the column's first PNG (lossless): frames of "
+                      "mixed codecs", "convert"),
+})  # fmt: skip
+
+
+def _float64_huge(path: Path) -> Path:
+    """swm's own HDF5 dataset whose float64 column ``state`` holds 1e300 on one row."""
+    from swmcli import open_writer
+
+    with open_writer(path, mode="overwrite") as writer:
+        writer.write_episode({
+            "action": np.zeros((3, 2), np.float32),
+            "state": np.array([[0.5], [1e300], [2.0]]),
+        })  # fmt: skip
+    return path
+
+
+@case
+def float64_huge_to_upstream_lance(root):
+    source = _float64_huge(root / "in" / "big.h5")
+    says = "the column state holds 1e+300 (1 such values), beyond float32's largest"
+    return convert(root, source, 2, says, "--layout", "stable-worldmodel", to="out/up.lance")
+
+
+table(lerobot_edited, {
+    "lerobot-float64-huge": (None, None,
+                             _lerobot_column("next.reward", [1e300, 0.0], "float64"), 1,
+                             "the column next.reward holds 1e+300 (12 such values), beyond "
+                             "float32's largest"),
+})  # fmt: skip
+
+
+def _uint16_state(path: Path) -> Path:
+    """swm's dataset with a uint16 column ``state`` of shape (1,) (60000 fits no int16)."""
+    from swmcli import open_writer
+
+    with open_writer(path, mode="overwrite") as writer:
+        writer.write_episode({
+            "pixels": np.zeros((3, 16, 16, 3), np.uint8),
+            "action": np.ones((3, 2), np.float32),  # a last action, as a user's writer may keep
+            "state": np.array([[1], [60000], [3]], np.uint16),
+        })  # fmt: skip
+    return path
+
+
+def _reads_back(to: str, key: str, dtype, shape: tuple):
+    def check(root: Path) -> None:
+        from swmcli.data.formats import open_reader
+
+        reader = open_reader(root / to)
+        try:
+            assert reader.keys[key] == (np.dtype(dtype), shape), reader.keys
+        finally:
+            reader.close()
+
+    return check
+
+
+def export_case(root: Path, write, to: str, flags: str, code: int, says: str, check=None) -> Case:
+    """``swm convert`` of the dataset ``write(path)`` to ``to`` with ``flags`` (an export)."""
+    source = write(root / "in" / "x.lance")
+    found = convert(root, source, code, says, *flags.split(), to=to)
+    found.check = check
+    return found
+
+
+table(export_case, {
+    "export-float-pixels": (lambda p: swm_data(p, dtype=np.float32, episodes=1, length=3),
+                            "out/lr", "--layout lerobot", 2,
+                            "pixels holds float32 frames; a --layout lerobot export cannot keep "
+                            "them"),
+    "export-uint16-pixels": (lambda p: swm_data(p, dtype=np.uint16, episodes=1, length=3),
+                             "out/up.lance", "--layout stable-worldmodel", 2,
+                             "stable-worldmodel's Lance layout (JPEG) holds 8-bit frames"),
+    "export-uint16-column": (_uint16_state, "out/lr", "--layout lerobot", 0, "verified",
+                             _reads_back("out/lr", "state", np.uint16, (1,))),
+    "export-minari-renamed": (lambda p: swm_data(p, episodes=1, length=3), "out/m-v0",
+                              "--layout minari --map pixels=rgb", 0, "verified",
+                              _reads_back("out/m-v0", "rgb", np.uint8, (16, 16, 3))),
+})  # fmt: skip
+
+
+@case
+def minari_metadata_list(root):
+    source = minari(root / "in" / "minari", [np.zeros((3, 2), np.float32)])
+    (source / "data" / "metadata.json").write_text("[1, 2]")
+    return convert(root, source, 1, "holds a JSON list, not Minari's object of fields")
+
+
+@case
+def lerobot_version_capital(root):
+    source = lerobot(root, lambda meta: meta.update(codebase_version="V3.0"))
+    return Case(["info", str(source)], 0, "LeRobot")
+
+
+@case
+def lerobot_info_huge(root):
+    source = lerobot(root, lambda meta: meta.update(padding="x" * (4 * 2**20)))
+    return Case(["info", str(source)], 1, "MiB: larger than any LeRobot info.json")
+
+
+@case
+def model_buffer_nan(root):
+    body = ("\n\ndef build(action_dim, frameskip):\n    model = Model(action_dim, frameskip)\n"
+            "    model.register_buffer('scale', torch.full((2,), float('nan')))\n"
+            "    return model\n")  # fmt: skip
+    return model_case(root, body, 2, "the model holds non-finite values in model.scale before "
+                      "its first training step")  # fmt: skip
+
+
+@case
+def path_emoji_code(root):
+    return Case(["info", str(root / "in" / "pol:factory:")], 2, "in/pol:factory:")
+
+
+@case
+def out_newline_lance(root):
+    out = root / "out" / "a\nb.lance"
+    args = ["collect", "--preset", "tiny", "--steps", "3", "--out", str(out)]
+    return Case(args, 2, "b.lance' holds a control character", writes=("out",))
+
+
+@case
+def lock_name_too_long(root):
+    out = root / "out" / ("n" * 250 + ".lance")
+    args = ["collect", "--preset", "tiny", "--steps", "3", "--out", str(out)]
+    return Case(args, 1, "choose a name of at most 243 bytes", writes=("out",))
+
+
+table(exported, {
+    "export-metadata-keys-list": (json.dumps({"keys": [1, 2]}), 'holds no object "keys"'),
+    "export-metadata-entry-text": (json.dumps({"keys": {"action": "f4"}}),
+                                   'gives action "f4", not [DTYPE, SHAPE] of numbers'),
+})  # fmt: skip
+
+
+@case
+def convert_over_a_dataset_being_read(root):
+    """``convert --overwrite`` onto a Lance dataset another reader holds open (what a streaming
+    train does): refused, and the dataset reads as before once the reader lets go."""
+    from swmcli.data.formats import open_reader
+
+    source = swm_data(root / "in" / "x.lance", episodes=1, length=3)
+    target = swm_data(root / "out" / "read.lance", episodes=2, length=3)
+    reader = open_reader(target)  # held until the check: the command runs meanwhile
+
+    def check(root: Path) -> None:
+        reader.close()
+        again = open_reader(target)
+        try:
+            assert again.num_episodes == 2
+        finally:
+            again.close()
+
+    found = convert(root, source, 2, "another process is reading it", "--overwrite",
+                    to="out/read.lance")  # fmt: skip
+    found.check = check
+    return found
+
+
+def _features_with(name: str, value) -> dict:
+    meta = json.loads((LEROBOT / "meta/info.json").read_text())
+    return {"features": {**meta["features"], name: value}}
+
+
+table(lerobot_edited, {
+    "lerobot-features-list": ({"features": [1]}, None, None, 1,
+                              "info.json's features is a list, not an object of features"),
+    "lerobot-feature-list": (_features_with("observation.state", [1]), None, None, 1,
+                             "info.json's feature observation.state is a list, not an object"),
+})  # fmt: skip
+
+
+def minari_actions(root: Path, actions: np.ndarray, says: str) -> Case:
+    """``swm convert`` of a Minari dataset whose episode_0 holds the actions ``actions``."""
+
+    def build(file):
+        del file["episode_0/actions"]
+        file["episode_0/actions"] = actions
+
+    source = minari(root / "in" / "minari", [np.zeros((3, 2), np.float32)], build=build)
+    return convert(root, source, 1, says)
+
+
+table(minari_actions, {
+    "minari-actions-single-value": (np.float32(1), "/episode_0/actions is a single value, not one "
+                                    "action a step"),
+    "minari-actions-no-values": (np.zeros((3, 0), np.float32), "/episode_0/actions holds rows of "
+                                 "shape (0,): no values a row"),
+})  # fmt: skip
+
+
+def _video_garbage(path: Path) -> None:
+    (path / "videos/observation.image/chunk-000/file-000.mp4").write_bytes(b"x" * 5000)
+
+
+table(lerobot_edited, {
+    "lerobot-video-garbage": (None, None, _video_garbage, 1,
+                              "file-000.mp4: Invalid data found when processing input (not a "
+                              "video FFmpeg decodes)"),
+})  # fmt: skip
+
+
+@case
+def memprofile_picture_format(root):
+    args = ["memprofile", "--preset", "tiny", "--picture", str(root / "out" / "p.xyz")]
+    return Case(args, 2, "matplotlib writes no .xyz picture")
+
+
+def upstream_folder_array(root: Path, name: str, values: np.ndarray, says: str) -> Case:
+    """``swm convert`` of stable-worldmodel's folder layout whose ``name.npz`` holds ``values``."""
+    path = _folder(root)
+    np.savez(path / f"{name}.npz", values)
+    return convert(root, path, 1, says, to="out/copy.h5")
+
+
+table(upstream_folder_array, {
+    "upstream-folder-no-values": ("state", np.zeros((14, 2, 0), np.float32),
+                                  "the column state holds rows of shape (2, 0): no values a row"),
+    "upstream-folder-steps-2d": ("step_idx", np.zeros((14, 2), np.int64),
+                                 "step_idx holds 28 values (shape (14, 2)), not one step for each "
+                                 "of the 14 rows"),
+})  # fmt: skip
+
+
+@case
+def upstream_folder_single_reward(root):
+    path = _folder(root)
+    np.savez(path / "reward.npz", np.float32(1))
+    return Case(["info", str(path)], 0, "a single float32 value, not one a row")

@@ -34,6 +34,7 @@ from swmcli.memory.fitting import (
     Technique,
     applicable_techniques,
     cheapest_fitting,
+    check_picture,
     combinations,
     draw_combinations,
     plan_sentence,
@@ -276,6 +277,8 @@ def run_memprofile(cfg: SwmConfig, monitor, snapshot: Path | None = None) -> Com
             else "--snapshot records CUDA allocator history: it goes with --predict-for cuda",
             hint="run it on a GPU machine, or drop --snapshot",
         )
+    if cfg.memprofile.picture is not None:
+        check_picture(cfg.memprofile.picture)
     with monitor.phase("sample"):
         episodes, action_dim = sample_episodes(cfg, cfg.memprofile.sample_episodes)
         step = {key: value[0] for key, value in episodes[0].items()}

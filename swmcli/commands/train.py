@@ -145,6 +145,8 @@ def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
             checkpoints.restore_model(model, state, checkpoints.checkpoint_path(run_dir))
         elif cfg.train.init_from:
             info(checkpoints.init_from_run(model, cfg.train.init_from))
+        if not state:  # a checkpoint's values were checked when it was saved
+            checkpoints.check_starts_finite(model)
         runner.prepare(model)
         if note := runner.compile_note(model):
             info(note)

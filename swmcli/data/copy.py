@@ -20,7 +20,7 @@ from swmcli.data.formats import check_free_space, detect, open_reader, open_writ
 from swmcli.data.storage import location as loc
 from swmcli.data.storage.checksums import check_episode
 from swmcli.data.storage.location import Location, as_location
-from swmcli.data.storage.lock import WriterLock
+from swmcli.data.storage.lock import WriterLock, being_read
 from swmcli.data.storage.schema import WRITER_METADATA, check_keys, describe_schema
 from swmcli.errors import DatasetError, UsageError
 from swmcli.names import check_name
@@ -72,6 +72,11 @@ def _check_destination(dst: Location, overwrite: bool) -> None:
             f"refusing to replace {dst}: it is not a swm dataset",
             hint="choose another destination",
         ) from None
+    if not loc.is_remote(dst) and dst.is_dir() and being_read(dst):
+        raise UsageError(
+            f"refusing to replace {dst}: another process is reading it (a train streaming it?)",
+            hint="wait for it to finish, or convert to another destination",
+        )
 
 
 def _remove_dead_leftovers(dst: Path) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from swmcli.config import SwmConfig
+from swmcli.errors import UsageError
 from swmcli.memory.predict import PeakPredictor, Variant
 from swmcli.memory.trace import CATEGORIES, StepPeak
 from swmcli.training.techniques import LAYERS, layers
@@ -144,3 +145,20 @@ def draw_combinations(
     figure.savefig(path)
     plt.close(figure)
     return path
+
+
+def check_picture(path: Path) -> None:
+    """Refuse, before any work, a picture path whose suffix names no format matplotlib writes
+    (none: ``.png`` is added)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix and suffix not in formats:
+        raise UsageError(
+            f"--picture {path}: matplotlib writes no .{suffix} picture",
+            hint=f"name a .png (or one of .{', .'.join(sorted(formats))})",
+        )

@@ -363,6 +363,18 @@ def _to_cpu(tree: Any) -> Any:
     return tree
 
 
+def check_starts_finite(model) -> None:
+    """Refuse a model that holds NaN or infinity before its first training step: what built it
+    (the model's factory, ``train.init_from``) made those values; no training diverged."""
+    where = _non_finite({"model": model.state_dict()})
+    if where is not None:
+        raise UsageError(
+            f"the model holds non-finite values in {where} before its first training step",
+            hint="they come from the model's factory (or the run of train.init_from): give "
+            "every weight and buffer a finite value",
+        )
+
+
 def _non_finite(state: dict[str, Any]) -> str | None:
     """The first weight or optimizer value that is NaN or infinite, in words; None if all are
     finite."""

@@ -31,6 +31,7 @@ from swmcli.data.exports.upstream import Hdf5Export, LanceExport
 from swmcli.data.foreign.common import LEROBOT, MINARI, UPSTREAM_HDF5, UPSTREAM_LANCE
 from swmcli.data.formats import open_reader
 from swmcli.data.storage import location as loc
+from swmcli.data.storage.checksums import check_episode
 from swmcli.data.storage.schema import is_image
 from swmcli.errors import UsageError
 
@@ -73,6 +74,57 @@ def lossless_keys(schema, layout: str, lance: bool) -> list[str]:
             continue
         exact.append(key)
     return exact
+
+
+def _check_frames(schema, layout: str, lance: bool, src) -> None:
+    """Refuse, before anything is written, frames a layout cannot carry: other than uint8 in
+    Lance (JPEG) and LeRobot (h264 video); floats in any (swm reads another tool's float frames
+    as uint8, so the copy would not read back as its source)."""
+    for key, (dtype, shape) in schema.items():
+        dtype = np.dtype(dtype)
+        if not is_image(shape) or dtype == np.uint8:
+            continue
+        if dtype.kind == "f":
+            why = "swm reads another tool's float frames as uint8 (x 255), not as they are"
+        elif lance or layout == "lerobot":
+            why = f"{_FRAMES[layout if not lance else 'lance']} holds 8-bit frames"
+        else:
+            continue
+        raise UsageError(
+            f"{src}: {key} holds {dtype} frames; a --layout {layout} export cannot keep them: "
+            f"{why}",
+            hint="store the frames as uint8 (0..255), or leave them out (--keys)"
+            + ("" if dtype.kind == "f" or layout == "lerobot" else "; a .h5 path keeps them"),
+        )
+
+
+_FRAMES = {"lance": "stable-worldmodel's Lance layout (JPEG)", "lerobot": "LeRobot's h264 video"}
+
+
+class _Exported:
+    """The source as every export writes it: each episode checked against its own checksums,
+    then its last row's action NaN (swm's convention: no action is taken from the final
+    observation, and no layout keeps one there, so the re-read that verifies the export gives
+    NaN back whatever the source held)."""
+
+    def __init__(self, reader):
+        self._reader = reader
+
+    def __getattr__(self, name: str):
+        return getattr(self._reader, name)
+
+    def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
+        episode = self._reader.read_episode(index, keys)
+        check_episode(self._reader, index, episode)
+        action = episode.get("action")
+        if action is not None and action.dtype.kind == "f" and not np.isnan(action[-1]).all():
+            action = action.copy()
+            action[-1] = np.nan
+            episode = {**episode, "action": action}
+        return episode
+
+    def read_checksums(self, index: int) -> None:
+        return None  # read_episode checked them before it set the last action
 
 
 def _writer(layout: str, dst: Path):
@@ -121,11 +173,14 @@ def export_dataset(
         try:
             keys = check_source(reader, src, dst, keys, overwrite)
             schema = {key: reader.keys[key] for key in keys}
+            _check_frames(schema, layout, fmt == UPSTREAM_LANCE, src)
             exact = lossless_keys(schema, layout, fmt == UPSTREAM_LANCE)
 
             def open_temporary(temporary):
                 return writer(temporary, schema)
 
-            return write_into_place(reader, src, dst, keys, open_temporary, fmt, on_episode, exact)
+            return write_into_place(
+                _Exported(reader), src, dst, keys, open_temporary, fmt, on_episode, exact
+            )
         finally:
             reader.close()

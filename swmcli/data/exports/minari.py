@@ -134,5 +134,6 @@ class MinariExport:
             "minari_version": MINARI_VERSION,
             "dataset_size": round(size, 1),
             "algorithm_name": "swm export",
+            "swm_keys": {f"observations/{key}": key for key in self._observations},
         }
         (data / "metadata.json").write_text(json.dumps(metadata))

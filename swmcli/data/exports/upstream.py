@@ -17,7 +17,8 @@ import numpy as np
 from swmcli import __version__
 from swmcli.data.foreign.upstream import EXPORT_KEY
 from swmcli.data.storage.lance import _mark_opened
-from swmcli.data.storage.schema import is_image, schema_to_json
+from swmcli.data.storage.schema import is_image, schema_to_json, unfit
+from swmcli.errors import UsageError
 
 JPEG_QUALITY = 95  # stable-worldmodel's own default
 
@@ -72,6 +73,7 @@ class LanceExport:
             if is_image(shape):
                 arrays.append(pa.array([_jpeg(frame) for frame in values], pa.binary()))
             else:
+                _check_float32(key, values)
                 flat = values.reshape(length, -1).astype(np.float32).reshape(-1)
                 arrays.append(
                     pa.FixedSizeListArray.from_arrays(pa.array(flat), flat.size // length)
@@ -108,6 +110,18 @@ class LanceExport:
 
     def close(self) -> None:
         self._flush()
+
+
+def _check_float32(key: str, values: np.ndarray) -> None:
+    """Upstream's Lance layout holds numbers as float32: a finite value beyond it (it would
+    become inf) is refused."""
+    problem = unfit(values, np.float32)
+    if problem:
+        raise UsageError(
+            f"the column {key} {problem}: stable-worldmodel's Lance layout stores numbers as "
+            "float32",
+            hint="export to a .h5 path (stable-worldmodel's HDF5 layout keeps every dtype)",
+        )
 
 
 def _jpeg(frame: np.ndarray) -> bytes:

@@ -68,7 +68,17 @@ def reading(path, on_error: Callable[[], None] | None = None):
             on_error()
         if isinstance(error, SwmError) or not isinstance(error, Exception):
             raise
-        raise DatasetError(f"cannot read {path}: {first_line(error)}", DAMAGED_HINT) from None
+        raise DatasetError(f"cannot read {path}: {_cause(error)}", DAMAGED_HINT) from None
+
+
+def _cause(error: Exception) -> str:
+    """What went wrong, in words: a file's error (the OS's, PyAV's) as the file and its cause,
+    without the ``[Errno N]`` of its text."""
+    cause, filename = getattr(error, "strerror", None), getattr(error, "filename", None)
+    if isinstance(cause, str) and cause and filename:
+        video = " (not a video FFmpeg decodes)" if type(error).__module__.startswith("av") else ""
+        return f"{filename}: {cause}{video}"
+    return first_line(error)
 
 
 def check_stored(name: str, claimed_bytes: int, stored_bytes: int, where, ratio: int = 1) -> None:
@@ -110,10 +120,19 @@ def check_lengths(lengths: np.ndarray, rows: int, where) -> np.ndarray:
             f"{where}: episode {bad} has {int(lengths[bad])} rows (an episode has at least one)",
             DAMAGED_HINT,
         )
-    if int(lengths.sum()) != rows:
+    total = sum(lengths.tolist())  # Python ints: lengths near 2**63 must not wrap to ``rows``
+    if total != rows:
         raise DatasetError(
-            f"{where}: episode lengths add up to {int(lengths.sum())} rows, {rows} are stored",
+            f"{where}: episode lengths add up to {total} rows, {rows} are stored",
             DAMAGED_HINT,
         )
     return lengths
 
+
+
+def not_rows(dtype) -> str:
+    """Why a stored column that is not one value (or array) a row is left out: it holds no
+    numbers, or a single number."""
+    if np.dtype(dtype).kind in "biuf":
+        return f"a single {dtype} value, not one a row"
+    return f"{dtype} (swm stores numbers and frames)"

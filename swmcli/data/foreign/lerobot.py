@@ -29,14 +29,17 @@ import numpy as np
 from swmcli.data.foreign import jpeg
 from swmcli.data.foreign.common import DAMAGED_HINT, LEROBOT, reading
 from swmcli.data.foreign.jpeg import MAX_SIDE
-from swmcli.data.foreign.video import check_decoded, codec_name, decode_at
+from swmcli.data.foreign.video import check_decoded, codec_name, decode_at, frame_rate
 from swmcli.data.storage.containment import inside
+from swmcli.data.storage.schema import unfit
 from swmcli.errors import DatasetError, UsageError
+from swmcli.units import format_bytes
 
 _INDEX_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 _ARRIVAL = {"next.reward": "reward", "next.done": "terminated", "next.truncated": "truncated"}
 _KEYS = {"observation.state": "proprio", "observation.environment_state": "state", **_ARRIVAL}
-_NUMBERS = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+_INTEGERS = tuple(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64))
+_NUMBERS = ("float16", "float32", "float64", "bool", *_INTEGERS)
 _TEMPLATE_FIELDS = {"chunk_index", "file_index", "video_key", "episode_index"}
 _MAX_TEMPLATE, _MAX_WIDTH = 1024, 20  # characters of a path template; digits of one field
 _MAX_DIMS = 8
@@ -59,13 +62,19 @@ def detect(path: Path) -> str | None:
     """LEROBOT for a directory whose meta/info.json says codebase_version v3.x; a LeRobot dataset
     of another version is a UsageError saying so (swm reads v3 only)."""
     info = path / "meta" / "info.json"
-    if not path.is_dir() or not info.is_file() or info.stat().st_size > _MAX_INFO_BYTES:
+    if not path.is_dir() or not info.is_file():
         return None
+    if (size := info.stat().st_size) > _MAX_INFO_BYTES:
+        raise DatasetError(
+            f"{info} is {format_bytes(size)}: larger than any LeRobot info.json "
+            f"(swm reads {format_bytes(_MAX_INFO_BYTES)} at most)",
+            DAMAGED_HINT,
+        )
     try:
         version = str(json.loads(info.read_text())["codebase_version"])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
-    if version.startswith("v3"):
+    if version.lower().startswith("v3"):  # "V3.0" too
         return LEROBOT
     raise UsageError(
         f"{path} is a LeRobot {version} dataset: swm reads LeRobot v3 datasets "
@@ -111,14 +120,24 @@ class LeRobotSource:
             self._open(json.loads((root / "meta" / "info.json").read_text()))
 
     def _open(self, info: dict) -> None:
-        self.fps = float(info["fps"])
-        if not self.fps > 0:
-            raise DatasetError(f"{self.path}: fps {info['fps']} in info.json", DAMAGED_HINT)
-        features = info["features"]
+        self.fps = _fps(info.get("fps"), self.path)
+        features = info.get("features")
+        if not isinstance(features, dict):
+            raise DatasetError(
+                f"{self.path}: info.json's features is {_json_kind(features)}, not an object of "
+                "features by name",
+                DAMAGED_HINT,
+            )
         self._videos, self._images, self.columns, dropped = {}, {}, {}, {}
         for name, feature in features.items():
             if name in _INDEX_FEATURES:
                 continue
+            if not isinstance(feature, dict):
+                raise DatasetError(
+                    f"{self.path}: info.json's feature {name} is {_json_kind(feature)}, not an "
+                    "object of its dtype, shape and names",
+                    DAMAGED_HINT,
+                )
             dtype, shape = feature.get("dtype"), _declared_shape(name, feature, self.path)
             if dtype in ("video", "image"):
                 frames = self._videos if dtype == "video" else self._images
@@ -127,7 +146,7 @@ class LeRobotSource:
             elif dtype in _NUMBERS:
                 if name == "action" and dtype not in ("float16", "float32", "float64"):
                     dtype = "float32"  # the last row's action is NaN
-                scalar = shape in ((), (1,)) and name != "action"
+                scalar = shape == () and name != "action"  # [1]: by its column (_check_stored)
                 self.columns[name] = (np.dtype(dtype), () if scalar else shape)
             else:
                 dropped[name] = f"{dtype} (swm stores numbers and frames)"
@@ -144,6 +163,10 @@ class LeRobotSource:
         self._groups = {}  # parquet file -> its row groups (frames in parquet are read by group)
         self._video_frames = {}  # (video key, file) -> frames of the episodes it holds
         codecs = {name: self._codec(name) for name in (*self._videos, *self._images)}
+        self._codecs = codecs
+        if self._videos:  # frames are found by timestamp: the fps must be the data's and video's
+            with reading(self.path):
+                self._check_timestamps(self._data_file(0), np.arange(self._frame_counts[0]), 0)
         lossy = [name for name in self._videos] + [
             name for name in self._images if not codecs[name].startswith("PNG")
         ]
@@ -182,10 +205,19 @@ class LeRobotSource:
             raise UsageError(f"{self.path} holds no episodes", hint="nothing to read in it")
         if not np.array_equal(episodes["episode_index"], np.arange(count)):
             raise DatasetError(f"{self.path}: episode_index is not 0..{count - 1}", DAMAGED_HINT)
-        lengths = episodes["length"].astype(np.int64)
-        starts, ends = episodes["dataset_from_index"], episodes["dataset_to_index"]
-        if np.any(lengths <= 0) or not np.array_equal(ends - starts, lengths):
-            raise DatasetError(f"{self.path}: episode lengths and data ranges differ", DAMAGED_HINT)
+        lengths = _whole_numbers(episodes["length"], "length", self.path)
+        starts = _whole_numbers(episodes["dataset_from_index"], "dataset_from_index", self.path)
+        ends = _whole_numbers(episodes["dataset_to_index"], "dataset_to_index", self.path)
+        # Python ints: lengths near 2**63 must not wrap into a sum that matches the rows stored
+        rows = zip(lengths.tolist(), starts.tolist(), ends.tolist(), strict=True)
+        wrong = [e for e, (n, start, end) in enumerate(rows) if n <= 0 or n != end - start]
+        if wrong:
+            e = wrong[0]
+            raise DatasetError(
+                f"{self.path}: episode {e} has length {lengths[e]} but the data rows "
+                f"{starts[e]}..{ends[e]} (dataset_from_index..dataset_to_index)",
+                DAMAGED_HINT,
+            )
         if starts.min() < 0:
             raise DatasetError(f"{self.path}: an episode starts at a negative row", DAMAGED_HINT)
         by_start = np.argsort(starts, kind="stable")
@@ -199,9 +231,10 @@ class LeRobotSource:
                 DAMAGED_HINT,
             )
         total = info.get("total_frames")
-        if total is not None and int(total) != int(lengths.sum()):
+        if total is not None and int(total) != sum(lengths.tolist()):
             raise DatasetError(
-                f"{self.path}: info.json counts {total} frames, the episodes {int(lengths.sum())}",
+                f"{self.path}: info.json counts {total} frames, the episodes "
+                f"{sum(lengths.tolist())}",
                 DAMAGED_HINT,
             )
         episodes["length"] = lengths
@@ -219,7 +252,7 @@ class LeRobotSource:
             files[self._data_file(episode)].append(episode)
         for file, episodes in files.items():
             footer = pq.ParquetFile(file).metadata
-            claimed = int(self._frame_counts[episodes].sum())
+            claimed = sum(self._frame_counts[episodes].tolist())
             if claimed > footer.num_rows:
                 raise DatasetError(
                     f"{file}: its episodes claim {claimed} rows, it holds {footer.num_rows}",
@@ -249,6 +282,8 @@ class LeRobotSource:
                     f"its data holds {per_row} values a row",
                     DAMAGED_HINT,
                 )
+            if shape == (1,) and name != "action" and _values_per_row(footer, name, lists=False):
+                self.columns[name] = (self.columns[name][0], ())  # a number a row, not a list
 
     def _default_keys(self, exported) -> dict[str, str]:
         """swm's keys: an export's own (``swm_keys`` in info.json), else LeRobot's usual names."""
@@ -303,14 +338,41 @@ class LeRobotSource:
         import pyarrow.parquet as pq
 
         if (file, name) not in self._cache:
-            column = pq.read_table(file, columns=[name]).column(name).combine_chunks()
-            values = column.flatten() if hasattr(column, "flatten") else column
-            array = values.to_numpy(zero_copy_only=False)
-            dtype, shape = self.columns.get(name, (array.dtype, ()))
-            if array.size != len(column) * max(int(np.prod(shape)), 1):
-                raise DatasetError(f"{file}: {name} does not hold {shape} per row", DAMAGED_HINT)
-            self._cache[file, name] = array.reshape(len(column), *shape).astype(dtype)
+            column = pq.read_table(file, columns=[name]).column(name)
+            self._cache[file, name] = self._as_declared(column, name, file)
         return self._cache[file, name]
+
+    def _as_declared(self, column, name: str, file: Path) -> np.ndarray:
+        """A parquet column as ``(rows, *shape)`` of the dtype info.json declares; refused
+        unless every row holds ``shape``'s values (a ragged list is not re-cut from its flat
+        values) and every value fits the dtype (300.7 as uint8 would wrap to 44)."""
+        import pyarrow.compute as pc
+
+        column = column.combine_chunks()
+        dtype, shape = self.columns.get(name, (None, ()))
+        width = max(int(np.prod(shape)), 1)
+        if column.null_count:
+            raise DatasetError(f"{file}: the column {name} holds empty (null) rows", DAMAGED_HINT)
+        sizes = np.ones(len(column), np.int64)
+        if hasattr(column, "flatten"):
+            sizes = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+            column = column.flatten()
+        wrong = np.flatnonzero(sizes != width)
+        if len(wrong):
+            raise DatasetError(
+                f"{file}: row {int(wrong[0])} of the column {name} holds {int(sizes[wrong[0]])} "
+                f"values, not the {width} of its shape {list(shape) or [1]} in info.json",
+                DAMAGED_HINT,
+            )
+        values = column.to_numpy(zero_copy_only=False)
+        problem = unfit(values, dtype) if dtype is not None else None
+        if problem:
+            raise DatasetError(
+                f"{file}: the column {name} {problem}; info.json declares it {dtype}",
+                DAMAGED_HINT,
+            )
+        values = values if dtype is None else values.astype(dtype, copy=False)
+        return values.reshape(-1, *shape)
 
     def _positions(self, file: Path, indices: np.ndarray) -> np.ndarray:
         """Rows of ``file`` holding the frames with these global ``index`` values."""
@@ -356,12 +418,29 @@ class LeRobotSource:
         positions = self._positions(file, self._episodes["dataset_from_index"][episode] + steps)
         if name in self._images:
             blobs = self._blobs(file, f"{name}", positions, "bytes")
-            return jpeg.decode(blobs, self._images[name], f"{file} ({name})")
+            return jpeg.decode(blobs, self._images[name], f"{file} ({name})", self._codecs[name])
         video = self._video_file(name, episode)
         check_decoded(video.stat().st_size, self._frames_in(name, video), self._videos[name], video)
-        stamps = self._column(file, "timestamp")[positions]
+        stamps = self._check_timestamps(file, steps, episode)
         start = self._episodes[f"videos/{name}/from_timestamp"][episode]
         return decode_at(video, start + stamps.astype(np.float64), self.fps, self._videos[name])
+
+    def _check_timestamps(self, file: Path, steps: np.ndarray, episode: int) -> np.ndarray:
+        """The ``timestamp`` of these steps of an episode, refused unless step t is at t / fps
+        (within a quarter frame): a wrong fps would match frames to other moments."""
+        start = self._episodes["dataset_from_index"][episode]
+        stamps = self._column(file, "timestamp")[self._positions(file, start + steps)]
+        late = np.abs(stamps.astype(np.float64) - steps / self.fps)
+        wrong = np.flatnonzero(late > 0.25 / self.fps)
+        if len(wrong):
+            step = int(steps[wrong[0]])
+            raise DatasetError(
+                f"{file}: episode {episode}'s step {step} has the timestamp "
+                f"{float(stamps[wrong[0]]):.4g} s, not {step / self.fps:.4g} s as info.json's fps "
+                f"{self.fps:g} says",
+                DAMAGED_HINT,
+            )
+        return stamps
 
     def _blobs(self, file: Path, name: str, positions: np.ndarray, field=None) -> list[bytes]:
         """The bytes of ``name`` at these rows of a parquet ``file`` (its ``field`` for a
@@ -388,7 +467,7 @@ class LeRobotSource:
 
     def _last_values(self, name: str, episodes: np.ndarray) -> np.ndarray:
         """``name`` on the last row of these episodes (swm's export keeps it beside the frames)."""
-        dtype, shape = self.columns[name]
+        shape = self.columns[name][1]
         if name in self._videos or name in self._images:
             blobs = self._blobs(self._last["file"], name, episodes)
             return jpeg.decode(blobs, shape, f"{self._last['file']} ({name})")
@@ -396,10 +475,7 @@ class LeRobotSource:
             import pyarrow.parquet as pq
 
             column = pq.read_table(self._last["file"], columns=[name]).column(name)
-            flat = column.combine_chunks()
-            flat = flat.flatten() if hasattr(flat, "flatten") else flat
-            values = flat.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
-            self._last["values"][name] = values.astype(dtype)
+            self._last["values"][name] = self._as_declared(column, name, self._last["file"])
         return self._last["values"][name][episodes]
 
     def _frames_in(self, name: str, video: Path) -> int:
@@ -407,7 +483,7 @@ class LeRobotSource:
         if (name, video) not in self._video_frames:
             episodes = range(len(self._frame_counts))
             held = [e for e in episodes if self._video_file(name, e) == video]
-            self._video_frames[name, video] = int(self._frame_counts[held].sum())
+            self._video_frames[name, video] = sum(self._frame_counts[held].tolist())
         return self._video_frames[name, video]
 
     def _codec(self, name: str) -> str:
@@ -417,7 +493,15 @@ class LeRobotSource:
                 start = self._episodes["dataset_from_index"][0]
                 blob = self._blobs(file, name, self._positions(file, np.array([start])), "bytes")
                 return jpeg.codec(blob[0])[0]
-            return codec_name(self._video_file(name, 0))
+            video = self._video_file(name, 0)
+            rate = frame_rate(video)
+            if rate is not None and abs(rate - self.fps) > 0.01 * self.fps:
+                raise DatasetError(
+                    f"{video}: {name} is a video of {rate:g} frames a second, info.json's fps is "
+                    f"{self.fps:g}",
+                    DAMAGED_HINT,
+                )
+            return codec_name(video)
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         episodes = np.searchsorted(self.offsets, rows, side="right") - 1
@@ -456,9 +540,36 @@ def _declared_shape(name: str, feature, where) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _values_per_row(footer, name: str) -> int | None:
-    """Values a row of the column ``name`` holds, from a parquet footer (None: no such column)."""
-    paths = (name, *(f"{name}.{leaf}" for leaf in _LIST_LEAVES))
+def _fps(value, where) -> float:
+    """info.json's fps: a finite number above 0 (``true`` is no frame rate)."""
+    if type(value) not in (int, float) or not 0 < value < float("inf"):
+        raise DatasetError(
+            f"{where}: info.json gives the fps {value!r} (a number of frames a second above 0)",
+            DAMAGED_HINT,
+        )
+    return float(value)
+
+
+def _json_kind(value) -> str:
+    """What a JSON value is, in JSON's words."""
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    return "null" if value is None else kinds.get(type(value), "a number")
+
+
+def _whole_numbers(values: np.ndarray, name: str, where) -> np.ndarray:
+    """An episode-index column as int64, refused unless it holds integers."""
+    if values.dtype.kind not in "iu" or (values.dtype.kind == "u" and values.max() >= 2**63):
+        raise DatasetError(
+            f"{where}: meta/episodes' {name} holds {values.dtype} values, not whole numbers",
+            DAMAGED_HINT,
+        )
+    return values.astype(np.int64)
+
+
+def _values_per_row(footer, name: str, lists: bool = True) -> int | None:
+    """Values a row of the column ``name`` holds, from a parquet footer (None: no such column;
+    not ``lists``: no such column that is not a list)."""
+    paths = (name, *(f"{name}.{leaf}" for leaf in _LIST_LEAVES if lists))
     leaves = [i for i in range(footer.num_columns) if footer.schema.column(i).path in paths]
     if not leaves or not footer.num_rows:
         return None

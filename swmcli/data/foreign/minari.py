@@ -92,9 +92,15 @@ class MinariSource:
         if file.stat().st_size > _MAX_METADATA_BYTES:
             raise DatasetError(f"{file} is larger than any Minari metadata", DAMAGED_HINT)
         try:
-            return json.loads(file.read_text())
+            metadata = json.loads(file.read_text())
         except ValueError as error:
             raise DatasetError(f"{file} is not JSON ({error})", DAMAGED_HINT) from None
+        if not isinstance(metadata, dict):
+            raise DatasetError(
+                f"{file} holds a JSON {type(metadata).__name__}, not Minari's object of fields",
+                DAMAGED_HINT,
+            )
+        return metadata
 
     def _open(self, metadata: dict) -> None:
         import h5py
@@ -117,9 +123,10 @@ class MinariSource:
             for name in ("actions", *_ARRIVAL):
                 self._leaves[name] = name
         self._jpeg = {name for name, leaf in self._leaves.items() if _is_jpeg_column(first[leaf])}
+        self._first = {leaf: (first[leaf].dtype, first[leaf].shape[1:]) for leaf in self._leaves}
         self.lengths = np.array([self._check_episode(e) for e in self._episodes], dtype=np.int64)
         self.columns = {name: self._column(first, name) for name in self._leaves}
-        self.defaults = self._default_keys()
+        self.defaults = self._default_keys(metadata.get("swm_keys"))
         self.offsets = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
         self.info = {
             "dataset_id": metadata.get("dataset_id"),
@@ -131,19 +138,51 @@ class MinariSource:
         }
 
     def _codec(self, first) -> str:
-        if not self._jpeg:
-            return "raw (uncompressed)"
-        return jpeg.codec(self._blobs(first[self._leaves[min(self._jpeg)]], 0, 1)[0])[0]
+        """Each JPEG column's codec, by its first frame (``decode`` holds the others to it)."""
+        self._codecs = {
+            name: jpeg.codec(self._blobs(first[self._leaves[name]], 0, 1)[0])[0]
+            for name in self._jpeg
+        }
+        return ", ".join(sorted(set(self._codecs.values()))) or "raw (uncompressed)"
 
     def _check_episode(self, group) -> int:
         """T+1, after checking every column's length and stored bytes in this episode."""
-        steps = group["actions"].shape[0]
+        import h5py
+
+        actions = group.get("actions")
+        if not isinstance(actions, h5py.Dataset) or not actions.shape:
+            what = "a single value" if isinstance(actions, h5py.Dataset) else "missing"
+            raise DatasetError(
+                f"{self.path}: {group.name}/actions is {what}, not one action a step",
+                DAMAGED_HINT,
+            )
+        steps = actions.shape[0]
         for name, leaf in self._leaves.items():
-            dataset = group[leaf]
+            dataset = group.get(leaf)
+            if not isinstance(dataset, h5py.Dataset):
+                raise DatasetError(
+                    f"{self.path}: {group.name} has no dataset {leaf} (episode_0 has one)",
+                    DAMAGED_HINT,
+                )
+            dtype, shape = self._first[name]
+            if (dataset.dtype, dataset.shape[1:]) != (dtype, shape) and name not in self._jpeg:
+                raise DatasetError(
+                    f"{self.path}: {group.name}/{leaf} holds {dataset.dtype} rows of shape "
+                    f"{dataset.shape[1:]}, episode_0 {dtype} rows of shape {shape}: an episode "
+                    "of another kind",
+                    DAMAGED_HINT,
+                )
+            if 0 in shape:
+                raise DatasetError(
+                    f"{self.path}: {group.name}/{leaf} holds rows of shape {shape}: no values a "
+                    "row",
+                    DAMAGED_HINT,
+                )
             want = steps + 1 if name.startswith("observations") else steps
             if not dataset.shape or dataset.shape[0] != want:
+                held = f"{dataset.shape[0]} rows" if dataset.shape else "a single value"
                 raise DatasetError(
-                    f"{self.path}: {group.name}/{leaf} holds {dataset.shape[:1]} rows, not {want}",
+                    f"{self.path}: {group.name}/{leaf} holds {held}, not {want} rows",
                     DAMAGED_HINT,
                 )
             if name not in self._jpeg:
@@ -161,10 +200,14 @@ class MinariSource:
             shape = shape or (1,)  # one number a step, as swm stores an action
         return dtype, shape
 
-    def _default_keys(self) -> dict[str, str]:
-        """swm's keys: observations by their own names (a single one: ``state``), the first
-        image ``pixels`` unless one is already called so."""
+    def _default_keys(self, exported) -> dict[str, str]:
+        """swm's keys: an export's own (``swm_keys`` in the metadata), else observations by
+        their own names (a single one: ``state``), the first image ``pixels`` unless one is
+        already called so."""
         keys = {"actions": "action", **_ARRIVAL}
+        if isinstance(exported, dict):
+            said = {str(name): str(key) for name, key in exported.items() if name in self.columns}
+            return {**keys, **said}
         named = "observations/pixels" in self.columns
         for name, (_, shape) in self.columns.items():
             if name.startswith("observations"):
@@ -195,7 +238,8 @@ class MinariSource:
             return out
         low, high = int(source.min()), int(source.max()) + 1
         if name in self._jpeg:
-            block = jpeg.decode(self._blobs(dataset, low, high), shape, f"{self.path} ({name})")
+            blobs, where = self._blobs(dataset, low, high), f"{self.path} ({name})"
+            block = jpeg.decode(blobs, shape, where, self._codecs[name])
         else:
             block = dataset[low:high]
         out[valid] = block[source - low].reshape(-1, *shape)

@@ -102,6 +102,13 @@ class ForeignReader:
     def __init__(self, path: Path, format: str, source: Source, mapping: Mapping[str, str]):
         self.path, self.format, self._source = path, format, source
         self.columns = list(source.columns)  # the source's own names: what ``--map`` renames
+        empty = next((name for name, (_, shape) in source.columns.items() if 0 in shape), None)
+        if empty is not None:
+            raise DatasetError(
+                f"{path}: the column {empty} holds rows of shape {source.columns[empty][1]}: "
+                "no values a row",
+                DAMAGED_HINT,
+            )
         defaults = {name: default_key(name) for name in source.columns}
         self._names = map_columns(path, source.columns, mapping, {**defaults, **source.defaults})
         self.keys: Schema = {key: source.columns[name] for key, name in self._names.items()}

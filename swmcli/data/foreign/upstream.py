@@ -15,6 +15,7 @@ says which convention the data shows (HDF5's own ``step_idx`` starts at 1 in 0.1
 in Lance the writer renumbers it, so the last actions tell) and what was done.
 """
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -28,12 +29,13 @@ from swmcli.data.foreign.common import (
     check_hdf5_stored,
     check_lengths,
     is_hdf5,
+    not_rows,
     reading,
 )
 from swmcli.data.foreign.video import LanceVideos
 from swmcli.data.storage.containment import check_hdf5, check_side
 from swmcli.data.storage.lance import _mark_opened
-from swmcli.data.storage.schema import FOLDER_METADATA, schema_from_json
+from swmcli.data.storage.schema import FOLDER_METADATA
 from swmcli.errors import DatasetError, UsageError, first_line
 
 EXPORT_KEY = "swm_export"  # swm's schema, kept by an export so a re-import restores it exactly
@@ -129,7 +131,14 @@ def step_order(steps: np.ndarray, lengths: np.ndarray, where) -> np.ndarray | No
     stored row ``order[offset + t]``); None when they are stored in that order already. Refused
     unless each episode's ``step_idx`` is a permutation of consecutive steps (a repeated or a
     missing step cannot be put in order)."""
-    steps = np.asarray(steps, dtype=np.int64).reshape(-1)
+    steps, rows = np.asarray(steps, dtype=np.int64), int(np.sum(lengths))
+    if steps.size != rows:
+        raise DatasetError(
+            f"{where}: step_idx holds {steps.size} values (shape {steps.shape}), not one step "
+            f"for each of the {rows} rows",
+            DAMAGED_HINT,
+        )
+    steps = steps.reshape(-1)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     episode = np.repeat(np.arange(len(lengths)), lengths)
     order = np.lexsort((steps, episode))
@@ -275,13 +284,17 @@ class UpstreamLance:
         return videos
 
     def _codec(self, first_row) -> dict:
+        """Each image column's codec, by its first frame (``decode`` holds the others to it)."""
+        said = {name: jpeg.codec(first_row.column(name)[0].as_py()) for name in self._images}
+        self._codecs = {name: codec for name, (codec, _) in said.items()}
         if self._videos is not None and self._videos.columns:
             frames = ", ".join(self._videos.columns)
             return {"codec": f"{self._videos.codec} (lance_video)", "lossy": f"frames ({frames})"}
         if not self._images:
             return {"codec": None, "lossy": False}
-        codec, lossy = jpeg.codec(first_row.column(next(iter(self._images)))[0].as_py())
-        frames = f"frames ({', '.join(self._images)}); " if lossy else ""
+        lossy = [name for name, (_, lossy) in said.items() if lossy]
+        frames = f"frames ({', '.join(lossy)}); " if lossy else ""
+        codec = ", ".join(sorted(set(self._codecs.values())))
         return {"codec": codec, "lossy": f"{frames}numbers are float32 as stored"}
 
     def _take(self, names: list[str], rows: np.ndarray):
@@ -305,7 +318,8 @@ class UpstreamLance:
         if name in self._images:
             table, inverse = self._take([name], rows)
             blobs = table.column(name).to_pylist()
-            return jpeg.decode(blobs, self._images[name], f"{self.path} ({name})")[inverse]
+            where = f"{self.path} ({name})"
+            return jpeg.decode(blobs, self._images[name], where, self._codecs[name])[inverse]
         return self._align.apply(name, rows, np.array(self._numbers(name, rows)))
 
     def read_many(self, names: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
@@ -329,15 +343,38 @@ def _exported_schema(metadata: dict, where) -> dict:
     if raw is None:
         return {}
     try:
-        schema = schema_from_json(json.loads(raw)["keys"])
-        for dtype, shape in schema.values():
-            if dtype.kind not in "biuf" or len(shape) > 8 or min(shape, default=1) < 1:
-                raise ValueError(f"{dtype} {shape} is not a column of numbers")
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        said = json.loads(raw)
+    except ValueError as error:
         raise DatasetError(
-            f"{where}: its {EXPORT_KEY} metadata is damaged ({first_line(error)})", DAMAGED_HINT
+            f"{where}: its {EXPORT_KEY} metadata is damaged (not JSON: {first_line(error)})",
+            DAMAGED_HINT,
         ) from None
-    return schema
+    keys = said.get("keys") if isinstance(said, dict) else None
+    if not isinstance(keys, dict):
+        raise DatasetError(
+            f"{where}: its {EXPORT_KEY} metadata is damaged: it holds no object \"keys\" "
+            '(swm\'s export writes {"keys": {"NAME": [DTYPE, SHAPE]}})',
+            DAMAGED_HINT,
+        )
+    return {str(name): _exported_column(name, entry, where) for name, entry in keys.items()}
+
+
+def _exported_column(name, entry, where) -> tuple:
+    """One column of an export's schema: ``[DTYPE, SHAPE]``, a dtype of numbers and a shape of
+    at most 8 sides >= 1, else a DatasetError naming the column and what it holds."""
+    dtype = None
+    if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str):
+        shape = entry[1]
+        sides = isinstance(shape, list) and all(type(n) is int and n >= 1 for n in shape)
+        with contextlib.suppress(TypeError):  # no dtype numpy knows
+            dtype = np.dtype(entry[0]) if sides and len(shape) <= 8 else None
+    if dtype is None or dtype.kind not in "biuf":
+        raise DatasetError(
+            f"{where}: its {EXPORT_KEY} metadata gives {name} {json.dumps(entry)[:80]}, not "
+            "[DTYPE, SHAPE] of numbers (a shape of at most 8 sides >= 1)",
+            DAMAGED_HINT,
+        )
+    return dtype, tuple(entry[1])
 
 
 def _as_action(name: str, dtype) -> np.dtype:
@@ -388,7 +425,7 @@ class UpstreamHdf5:
             if name in ("ep_len", "ep_offset") or not isinstance(dataset, h5py.Dataset):
                 continue
             if dataset.dtype.kind not in "biuf" or not dataset.shape:
-                dropped[name] = f"{dataset.dtype} (swm stores numbers and frames)"
+                dropped[name] = not_rows(dataset.dtype)
                 continue
             check_hdf5_stored(name, dataset, self.path)
             if rows is not None and dataset.shape[0] != rows:

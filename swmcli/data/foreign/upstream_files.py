@@ -22,6 +22,7 @@ from swmcli.data.foreign.common import (
     UPSTREAM_FOLDER,
     UPSTREAM_VIDEO,
     check_lengths,
+    not_rows,
     reading,
 )
 from swmcli.data.foreign.upstream import _Alignment, _as_action, _convention, step_order
@@ -92,7 +93,7 @@ class UpstreamFiles:
                 continue
             values = read_npz(inside(self.path, file.name))
             if values.dtype.kind not in "biuf" or not values.ndim:
-                dropped[file.stem] = f"{values.dtype} (swm stores numbers and frames)"
+                dropped[file.stem] = not_rows(values.dtype)
                 continue
             self._arrays[file.stem] = values
         rows = {len(values) for values in self._arrays.values()}
@@ -143,14 +144,20 @@ class UpstreamFiles:
         )
 
     def _codec(self) -> dict:
+        """Each frame column's codec, judged by its first frame (``decode`` holds every other
+        frame of the column to it)."""
         if not self._frames:
             return {"codec": None, "lossy": False}
-        name = next(iter(self._frames))
-        first = self._frame_file(name, 0, 0)
-        codec, lossy = (
-            (videos.codec_name(first), True) if self._video else jpeg.codec(first.read_bytes())
-        )
-        return {"codec": codec, "lossy": f"frames ({', '.join(self._frames)})" if lossy else False}
+        said = {}
+        for name in self._frames:
+            first = self._frame_file(name, 0, 0)
+            said[name] = (
+                (videos.codec_name(first), True) if self._video else jpeg.codec(first.read_bytes())
+            )
+        self._codecs = {name: codec for name, (codec, _) in said.items()}
+        lossy = [name for name, (_, lossy) in said.items() if lossy]
+        codec = ", ".join(sorted(set(self._codecs.values())))
+        return {"codec": codec, "lossy": f"frames ({', '.join(lossy)})" if lossy else False}
 
     def read(self, name: str, rows: np.ndarray) -> np.ndarray:
         if name not in self._frames:
@@ -171,7 +178,8 @@ class UpstreamFiles:
             videos.check_decoded(file.stat().st_size, int(self.lengths[episode]), shape, file)
             return videos.decode_indices(file, steps, shape, file)
         files = [inside(self.path, f"{name}/ep_{episode}_step_{int(s)}.jpeg") for s in steps]
-        return jpeg.decode([file.read_bytes() for file in files], shape, self.path / name)
+        blobs = [file.read_bytes() for file in files]
+        return jpeg.decode(blobs, shape, self.path / name, self._codecs[name])
 
     def close(self) -> None:
         self._arrays.clear()

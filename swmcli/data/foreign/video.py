@@ -36,6 +36,13 @@ def codec_name(source) -> str:
         return f"{container.streams.video[0].codec_context.codec.canonical_name} video"
 
 
+def frame_rate(path: Path) -> float | None:
+    """Frames a second of a video file, from its stream header (None when it says none)."""
+    with _pyav().open(str(path)) as container:
+        rate = container.streams.video[0].average_rate
+    return float(rate) if rate else None
+
+
 def frame_shape(source, where=None) -> tuple[int, int, int]:
     """(H, W, 3) of a video's frames, from its stream header (a side beyond ``MAX_SIDE`` or of
     no pixel refused)."""

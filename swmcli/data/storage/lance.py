@@ -575,4 +575,10 @@ def open_reader(path: Location) -> LanceReader:
 
 def open_writer(path: Location, metadata: dict, append: bool) -> LanceWriter:
     """Open a Lance dataset for episode-atomic appends."""
+    if any(ord(character) < 32 or character == "\x7f" for character in str(path)):
+        raise UsageError(
+            f"{str(path)!r} holds a control character (a newline, a tab): Lance cannot write "
+            "such a path",
+            hint="choose a name without one",
+        )
     return LanceWriter(path, metadata, append)

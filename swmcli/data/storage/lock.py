@@ -57,12 +57,29 @@ def _open_lock(path: Path, error: type[SwmError] = DatasetError):
     return os.fdopen(descriptor, "a+")
 
 
+_NAME_MAX = 255  # bytes of one file name on Linux's and macOS's file systems
+
+
+def _check_name_fits(path: Path, error: type[SwmError]) -> None:
+    """Refuse a dataset or run name too long for its lock file ``.NAME.swm-writer`` beside it
+    (the OS would say "File name too long" of a file the user never named)."""
+    size = len(os.fsencode(writer_lock_path(path).name))
+    if size > _NAME_MAX:
+        most = _NAME_MAX - (size - len(os.fsencode(path.name)))
+        raise error(
+            f"the name {path.name[:40]}... is {len(os.fsencode(path.name))} bytes: swm's lock "
+            f"beside it (.NAME.swm-writer) would pass the {_NAME_MAX} bytes a file name can have",
+            hint=f"choose a name of at most {most} bytes",
+        )
+
+
 class WriterLock:
     """The exclusive right to write one dataset (or run directory), held until ``release`` (or
     the process dies). A refused writer gets ``error`` (a ``DatasetError`` for a dataset) naming
     the holder's PID and command."""
 
     def __init__(self, path: Path, error: type[SwmError] = DatasetError, hint: str | None = None):
+        _check_name_fits(Path(path), error)
         self.path = writer_lock_path(path)
         while True:
             handle = _open_lock(self.path, error)
@@ -174,3 +191,15 @@ def no_readers(path: Path):
         handle.close()
         return None
     return handle
+
+
+def being_read(path: Path) -> bool:
+    """True while a process holds the dataset at ``path`` open for reading (a local Lance
+    dataset: its readers share a lock in it, a streaming train's included)."""
+    if not _readers_lock_path(path).is_file():
+        return False
+    hold = no_readers(path)
+    if hold is None:
+        return True
+    hold.close()
+    return False

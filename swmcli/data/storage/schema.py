@@ -204,6 +204,35 @@ def is_image(shape: tuple[int, ...]) -> bool:
     return len(shape) >= 2
 
 
+def unfit(values: np.ndarray, dtype) -> str | None:
+    """Why ``values`` cannot become ``dtype`` without changing beyond rounding (None: they can):
+    a finite number that would become infinite, NaN or a fraction as an integer, a number outside
+    an integer type's range (it would wrap), a flag that is neither 0 nor 1."""
+    values, dtype = np.asarray(values), np.dtype(dtype)
+    if values.dtype == dtype or not values.size or values.dtype.kind not in "biuf":
+        return None
+    if values.dtype.kind == "b" or (dtype.kind == "f" and values.dtype.kind in "iu"):
+        return None  # every flag fits a number, every int64 a float32 (rounded)
+    if dtype.kind == "f":
+        beyond = np.isfinite(values) & (np.abs(values) > np.finfo(dtype).max)
+        bad, why = beyond, f"beyond {dtype}'s largest, {np.finfo(dtype).max:.4g}"
+    elif dtype.kind == "b":
+        bad, why = (values != 0) & (values != 1), "neither 0 nor 1"
+    else:
+        limits = np.iinfo(dtype)
+        if values.dtype.kind == "f":
+            wide = values.astype(np.float64)
+            fraction = ~np.isfinite(wide) | (np.floor(wide) != wide)
+            outside = (wide < limits.min) | (wide >= limits.max + 1.0)  # 2**63 is no int64
+        else:
+            fraction, outside = False, (values < limits.min) | (values > limits.max)
+        bad, why = fraction | outside, f"not a whole number in {dtype}'s {limits.min}..{limits.max}"
+    found = np.flatnonzero(np.asarray(bad).reshape(-1))
+    if not len(found):
+        return None
+    return f"holds {values.reshape(-1)[found[0]].item()!r} ({len(found)} such values), {why}"
+
+
 def check_keys(schema: Schema, keys, where) -> list[str]:
     """The requested keys (all when None); a usage error naming the missing ones."""
     if keys is None:
