@@ -382,6 +382,44 @@ def test_a_lance_reader_survives_a_writer_compacting_and_closing(tmp_path):
     assert open_reader(path).num_episodes == 7
 
 
+def test_a_lance_writer_cleans_every_version_but_the_one_a_reader_holds(tmp_path):
+    import lance
+
+    path = tmp_path / "d.lance"
+    write(path, [make_episode(seed, 3) for seed in range(3)])
+    reader = open_reader(path)
+    with open_writer(path) as writer:  # 17 commits and a few merges while the reader reads
+        for seed in range(3, 20):
+            writer.write_episode(make_episode(seed, 3))
+    assert len(lance.dataset(str(path)).versions()) == 2  # the reader's and the latest
+    for index in range(3):
+        assert_same_episode(reader.read_episode(index), make_episode(index, 3))
+    reader.close()
+    reader = open_reader(path)
+    for index in range(20):  # merged fragments keep the episodes whole and in order
+        assert_same_episode(reader.read_episode(index), make_episode(index, 3))
+    reader.close()
+
+
+def test_lance_merges_keep_few_fragments_and_rewrite_each_row_a_few_times():
+    """The merge plan over 5,000 appended episodes of 10 rows: fragments stay a few per tier,
+    and the rows rewritten stay a small multiple of the rows written."""
+    from swmcli.data.storage.lance import MERGE_FAN_IN, _merge_group
+
+    fragments, rewritten, most = [], 0, 0
+    for _ in range(5000):
+        fragments.append(10)
+        while group := _merge_group(fragments, small=100, large=100_000, closing=False):
+            rewritten += sum(fragments[group])
+            fragments[group] = [sum(fragments[group])]
+        most = max(most, len(fragments))
+    assert sum(fragments) == 50_000
+    assert most <= MERGE_FAN_IN * 5
+    assert rewritten <= 5 * 50_000
+    closing = _merge_group([500, 10, 10], small=100, large=100_000, closing=True)
+    assert closing == slice(1, 3)  # the smallest tier is merged on close
+
+
 def test_an_hdf5_reader_does_not_block_a_writer(tmp_path):
     path = tmp_path / "d.h5"
     write(path, [make_episode(seed, 5) for seed in range(2)])

@@ -4,9 +4,11 @@
 process writing it (and removed when it is done); it is taken before anything of ``NAME`` is
 touched, so a second writer is refused at once and told the first one's PID and command. The
 same lock serves datasets (``open_writer``) and run directories (``swm train``, ``swm eval``:
-``run_lock``). ``NAME/_swm_readers.lock``, inside a Lance dataset, is held shared by every process
-that has it open for reading; a Lance writer deletes superseded files only while it can take that
-lock exclusively, so it never deletes a file a reader's version still uses.
+``run_lock``). ``NAME/_swm_readers.lock``, inside a Lance dataset, is held shared by a reader
+while it opens the dataset; then the reader holds ``NAME/_swm_reading/VERSION.lock`` shared,
+for the version it opened, as long as it reads. A Lance writer deletes superseded versions only
+while it holds the readers' lock exclusively (no reader is opening), and never a version a reader
+holds: it never deletes a file a reader's version still uses, and the versions between go.
 
 ``flock`` locks belong to an open file and the kernel drops them when their process dies, so a
 killed writer or reader never leaves a lock behind. They are local: on object storage (``s3://``)
@@ -126,9 +128,11 @@ def _same_file(handle, path: Path) -> bool:
 
 
 class ReaderLock:
-    """A shared hold on a dataset for as long as a reader has it open."""
+    """A shared hold on a dataset while a reader opens it; ``pin`` then holds only the version it
+    opened, for as long as it reads."""
 
     def __init__(self, path: Path):
+        self._path = Path(path)
         self._handle = None
         try:
             handle = open(_readers_lock_path(path), "a+")  # noqa: SIM115 - held while reading
@@ -137,14 +141,33 @@ class ReaderLock:
         fcntl.flock(handle, fcntl.LOCK_SH)
         self._handle = handle
 
+    def pin(self, version: int) -> None:
+        """Hold ``version`` (shared) and let go of the whole dataset; where no version file can
+        be made, keep holding the whole dataset (a writer then deletes nothing)."""
+        if self._handle is None:
+            return
+        try:
+            _reading_path(self._path).mkdir(exist_ok=True)
+            pinned = open(_reading_path(self._path) / f"{int(version)}.lock", "a+")  # noqa: SIM115
+        except OSError:
+            return
+        fcntl.flock(pinned, fcntl.LOCK_SH)
+        self._handle.close()
+        self._handle = pinned
+
     def release(self) -> None:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
 
 
+def _reading_path(path: Path) -> Path:
+    return Path(path) / "_swm_reading"
+
+
 def no_readers(path: Path):
-    """An exclusive hold on the readers' lock if no process is reading ``path``, else None.
+    """An exclusive hold on the readers' lock if no process is opening ``path`` (or reading it
+    through a swm that holds the whole dataset), else None.
 
     While it is held, a new reader waits (briefly) before opening the dataset.
     """
@@ -155,3 +178,21 @@ def no_readers(path: Path):
         handle.close()
         return None
     return handle
+
+
+def pinned_versions(path: Path) -> set[int]:
+    """The versions readers hold; the version files no one holds are removed. Call it under
+    ``no_readers`` (no reader pins a version meanwhile)."""
+    held = set()
+    folder = _reading_path(path)
+    for file in folder.iterdir() if folder.is_dir() else ():
+        if not file.stem.isdigit() or file.suffix != ".lock":
+            continue
+        with open(file, "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.add(int(file.stem))
+                continue
+            file.unlink()
+    return held

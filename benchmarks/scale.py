@@ -1,0 +1,176 @@
+"""Cost per item as a dataset grows: the same short episodes at 1k, 10k, 100k (1M) episodes, per
+format, with every figure's ratio to the smallest size.
+
+    python benchmarks/scale.py                                     # 1k and 10k, every format
+    python benchmarks/scale.py --sizes 1000 10000 100000 --formats lance hdf5
+
+For each format and size, in fresh forked processes (this one never opens a dataset):
+
+- write: the episodes (``make_episode(i, length=10, res=8)`` of ``benchmarks/synth.py``) through
+  ``open_writer``, one ``write_episode`` each, then ``close``: ms per episode and the writer's
+  peak RSS;
+- append: ``open_writer`` on the finished dataset, one episode, ``close`` (what ``swm collect``
+  pays per episode on an existing dataset), the median of ``--appends`` tries;
+- read: ``load_dataset`` (history 3) is the open time, ``make_loader`` (batch 64, 2 reader
+  threads) to its first batch the first-batch time, then clips/s over ``--batches`` batches, and
+  the reader's peak RSS;
+- bytes on disk per step.
+
+The dataset is deleted before the next size. Compare ratios within one run (the machine's load
+moves every row), and run two checkouts one after the other on the same machine to compare them.
+"""
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from synth import make_episode  # benchmarks/synth.py, beside this file
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from swmcli.data.formats import open_writer  # noqa: E402
+from swmcli.data.storage.location import nbytes_under  # noqa: E402
+from swmcli.data.streaming import load_dataset, make_loader  # noqa: E402
+from swmcli.memory.measure import peak_rss_bytes, reset_peak_rss  # noqa: E402
+
+LENGTH, RESOLUTION, HISTORY_LEN, BATCH, WORKERS = 10, 8, 3, 64, 2
+SUFFIXES = {"lance": ".lance", "hdf5": ".h5", "folder": ""}
+
+
+def in_child(function, *args):
+    """``function(*args)`` in a forked child (fresh state, its own peak RSS); its result."""
+    receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+
+    def child() -> None:
+        reset_peak_rss()
+        try:
+            send.send(function(*args))
+        except BaseException as error:  # reported, not hidden: the row shows it
+            send.send({"error": f"{type(error).__name__}: {error}"})
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    send.close()
+    result = receive.recv()
+    process.join()
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    return result
+
+
+def write(path: Path, fmt: str, episodes: int) -> dict:
+    start = time.perf_counter()
+    writer = open_writer(path, format=fmt, mode="overwrite")
+    for index in range(episodes):
+        writer.write_episode(make_episode(index, length=LENGTH, res=RESOLUTION))
+    writer.close()
+    seconds = time.perf_counter() - start
+    return {"write_ms": 1000 * seconds / episodes, "write_rss": peak_rss_bytes()}
+
+
+def append(path: Path, seed: int) -> dict:
+    episode = make_episode(seed, length=LENGTH, res=RESOLUTION)
+    start = time.perf_counter()
+    writer = open_writer(path, mode="append")
+    writer.write_episode(episode)
+    writer.close()
+    return {"append_s": time.perf_counter() - start}
+
+
+def read(path: Path, batches: int) -> dict:
+    start = time.perf_counter()
+    dataset = load_dataset(path, history_len=HISTORY_LEN)
+    opened = time.perf_counter()
+    loader = make_loader(dataset, batch_size=BATCH, num_workers=WORKERS, seed=0)
+    iterator = iter(loader)
+    next(iterator)
+    first = time.perf_counter()
+    timed = time.perf_counter()
+    for _ in range(batches):
+        try:
+            next(iterator)
+        except StopIteration:
+            iterator = iter(loader)
+            next(iterator)
+    seconds = time.perf_counter() - timed
+    del iterator, loader
+    return {
+        "open_s": opened - start,
+        "first_batch_s": first - opened,
+        "clips_per_s": batches * BATCH / seconds,
+        "read_rss": peak_rss_bytes(),
+    }
+
+
+COLUMNS = [  # (key, heading, format)
+    ("write_ms", "write ms/ep", "{:.2f}"),
+    ("write_rss", "write RSS MB", "{:.0f}"),
+    ("append_s", "append s", "{:.3f}"),
+    ("open_s", "open s", "{:.3f}"),
+    ("first_batch_s", "1st batch s", "{:.3f}"),
+    ("clips_per_s", "clips/s", "{:.0f}"),
+    ("read_rss", "read RSS MB", "{:.0f}"),
+    ("disk_per_step", "disk B/step", "{:.0f}"),
+]
+
+
+def measure(scratch: Path, fmt: str, size: int, args) -> dict:
+    path = scratch / f"data-{size}{SUFFIXES[fmt]}"
+    row = in_child(write, path, fmt, size)
+    appends = [in_child(append, path, size + n)["append_s"] for n in range(args.appends)]
+    row["append_s"] = statistics.median(appends)
+    row.update(in_child(read, path, args.batches))
+    row["disk_per_step"] = nbytes_under(path) / ((size + args.appends) * LENGTH)
+    for key in ("write_rss", "read_rss"):
+        row[key] /= 2**20
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return row
+
+
+def print_row(fmt: str, size: int, row: dict, base: dict) -> None:
+    cells = []
+    for key, _, spec in COLUMNS:
+        cell = spec.format(row[key])
+        if base is not row:
+            cell += f" ({row[key] / base[key]:.2f}x)"
+        cells.append(cell)
+    print(f"| {fmt} | {size:,} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="episodes")
+    parser.add_argument("--formats", nargs="+", default=list(SUFFIXES), choices=list(SUFFIXES))
+    parser.add_argument("--batches", type=int, default=100, help="batches timed per read")
+    parser.add_argument("--appends", type=int, default=3, help="appends timed per size")
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
+    args = parser.parse_args()
+    print(
+        f"episodes of {LENGTH} steps, {RESOLUTION}x{RESOLUTION} frames; history {HISTORY_LEN},"
+        f" batch {BATCH}, {WORKERS} reader threads; {os.cpu_count()} CPUs, load average"
+        f" {os.getloadavg()[0]:.1f}; swmcli from {ROOT}; (ratio to the smallest size)"
+    )
+    print("| format | episodes | " + " | ".join(h for _, h, _ in COLUMNS) + " |")
+    print("| --- " * (len(COLUMNS) + 2) + "|")
+    scratch = Path(tempfile.mkdtemp(prefix="swm-scale-", dir=args.dir))
+    try:
+        for fmt in args.formats:
+            base = None
+            for size in sorted(args.sizes):
+                row = measure(scratch, fmt, size, args)
+                base = base or row
+                print_row(fmt, size, row, base)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
