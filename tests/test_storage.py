@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from swmcli.data.formats import FORMATS, detect, open_reader, open_writer
-from swmcli.data.storage import hdf5
+from swmcli.data.storage import folder, hdf5
 from swmcli.errors import DatasetError
 
 SUFFIX = {"lance": ".lance", "hdf5": ".h5", "folder": ""}
@@ -437,8 +437,29 @@ def test_folder_with_a_deleted_frame_is_a_clear_error(tmp_path):
     path = tmp_path / "frames"
     write(path, [make_episode(seed, 5) for seed in range(2)], fmt="folder")
     next(path.glob("episode_000001/pixels/*.png")).unlink()
+    with pytest.raises(DatasetError, match=r"cannot read .*episode_000001"):
+        open_reader(path).read_episode(1)  # opened from the index: the read finds it
+    (path / folder.INDEX).unlink()  # as an older swm wrote it: a scan, which checks every frame
     with pytest.raises(DatasetError, match="4 frames for 5 steps"):
         open_reader(path).episode_lengths  # noqa: B018 (the scan is the check)
+
+
+def test_folder_opens_and_appends_from_its_index_and_rebuilds_a_missing_one(tmp_path):
+    path = tmp_path / "frames"
+    lengths = [3, 5, 4]
+    write(path, [make_episode(seed, n) for seed, n in enumerate(lengths[:2])], fmt="folder")
+    assert np.fromfile(path / folder.INDEX, "<i8").tolist() == lengths[:2]
+    (path / folder.INDEX).unlink()  # a folder written without one
+    assert open_reader(path).episode_lengths.tolist() == lengths[:2]  # scanned
+    write(path, [make_episode(2, 4)], fmt="folder")  # the writer writes it back, then appends
+    assert np.fromfile(path / folder.INDEX, "<i8").tolist() == lengths
+    with open(path / folder.INDEX, "r+b") as index:  # a writer killed after its commit
+        index.truncate(2 * 8 + 3)
+    reader = open_reader(path)
+    assert reader.episode_lengths.tolist() == lengths  # the last from its own arrays
+    assert_same_episode(reader.read_episode(2), make_episode(2, 4))
+    write(path, [make_episode(3, 2)], fmt="folder")
+    assert np.fromfile(path / folder.INDEX, "<i8").tolist() == [*lengths, 2]
 
 
 def test_a_full_disk_is_refused_before_the_episode_is_written(tmp_path, fmt, monkeypatch):
