@@ -16,6 +16,10 @@ For each format and size, in fresh forked processes (this one never opens a data
   the reader's peak RSS;
 - bytes on disk per step.
 
+Then the ReplayBuffer (``--buffer-steps``): filled to capacity with the same episodes, the time of
+one ``add_episode`` (which evicts the oldest) and one ``sample(64)`` after it, what online training
+pays per collected episode, the median of ``--buffer-rounds``.
+
 The dataset is deleted before the next size. Compare ratios within one run (the machine's load
 moves every row), and run two checkouts one after the other on the same machine to compare them.
 """
@@ -35,6 +39,7 @@ from synth import make_episode  # benchmarks/synth.py, beside this file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from swmcli.data.buffer import ReplayBuffer  # noqa: E402
 from swmcli.data.formats import open_writer  # noqa: E402
 from swmcli.data.storage.location import nbytes_under  # noqa: E402
 from swmcli.data.streaming import load_dataset, make_loader  # noqa: E402
@@ -109,6 +114,20 @@ def read(path: Path, batches: int) -> dict:
     }
 
 
+def buffer_round(steps: int, rounds: int) -> dict:
+    episodes = [make_episode(seed, length=LENGTH, res=RESOLUTION) for seed in range(64)]
+    buffer = ReplayBuffer(max_steps=steps, history_len=HISTORY_LEN)
+    for index in range(steps // LENGTH):
+        buffer.add_episode(episodes[index % len(episodes)])
+    times = []
+    for index in range(rounds):
+        start = time.perf_counter()
+        buffer.add_episode(episodes[index % len(episodes)])
+        buffer.sample(BATCH)
+        times.append(time.perf_counter() - start)
+    return {"us": 1e6 * statistics.median(times), "rss": peak_rss_bytes() / 2**20}
+
+
 COLUMNS = [  # (key, heading, format)
     ("write_ms", "write ms/ep", "{:.2f}"),
     ("write_rss", "write RSS MB", "{:.0f}"),
@@ -151,6 +170,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=100, help="batches timed per read")
     parser.add_argument("--appends", type=int, default=3, help="appends timed per size")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
+    parser.add_argument(
+        "--buffer-steps", type=int, nargs="*", default=[10_000, 100_000, 1_000_000],
+        help="ReplayBuffer capacities (none: no buffer rows)",
+    )  # fmt: skip
+    parser.add_argument("--buffer-rounds", type=int, default=200, help="add + sample timed")
     args = parser.parse_args()
     print(
         f"episodes of {LENGTH} steps, {RESOLUTION}x{RESOLUTION} frames; history {HISTORY_LEN},"
@@ -169,6 +193,15 @@ def main() -> None:
                 print_row(fmt, size, row, base)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    base = None
+    for steps in sorted(args.buffer_steps):
+        row = in_child(buffer_round, steps, args.buffer_rounds)
+        base = base or row
+        print(
+            f"buffer of {steps:,} steps: add_episode + sample({BATCH}) {row['us']:.0f} us"
+            f" ({row['us'] / base['us']:.2f}x), peak RSS {row['rss']:.0f} MB",
+            flush=True,
+        )
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
