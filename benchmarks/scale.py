@@ -61,7 +61,14 @@ def in_child(function, *args):
             send.send({"error": f"{type(error).__name__}: {error}"})
 
     process = multiprocessing.get_context("fork").Process(target=child)
-    process.start()
+    for wait in (1, 2, 4, 0):  # a shared machine can be out of processes for a moment
+        try:
+            process.start()
+            break
+        except BlockingIOError:
+            if not wait:
+                raise
+            time.sleep(wait)
     send.close()
     result = receive.recv()
     process.join()
@@ -166,7 +173,7 @@ def print_row(fmt: str, size: int, row: dict, base: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="episodes")
-    parser.add_argument("--formats", nargs="+", default=list(SUFFIXES), choices=list(SUFFIXES))
+    parser.add_argument("--formats", nargs="*", default=list(SUFFIXES), choices=list(SUFFIXES))
     parser.add_argument("--batches", type=int, default=100, help="batches timed per read")
     parser.add_argument("--appends", type=int, default=3, help="appends timed per size")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")

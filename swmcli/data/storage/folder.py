@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -110,6 +111,7 @@ class FolderReader:
             CHECKSUM_COLUMN: (np.dtype(np.uint32), (len(self.keys),)),
         }
         self._arrays: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        self._arrays_lock = threading.Lock()
         self._lengths: np.ndarray | None = None
         self.indexed = _read_index(self.path)
         if self.indexed is None:
@@ -178,9 +180,10 @@ class FolderReader:
         return nbytes_under(self.path)
 
     def _episode_arrays(self, index: int) -> dict[str, np.ndarray]:
-        if index in self._arrays:
-            self._arrays.move_to_end(index)
-            return self._arrays[index]
+        with self._arrays_lock:  # reader threads share the cache: one looks it up at a time
+            if index in self._arrays:
+                self._arrays.move_to_end(index)
+                return self._arrays[index]
         try:
             with np.load(self._dir(index) / ARRAYS) as npz:
                 arrays = {k: npz[k] for k in npz.files}
@@ -190,9 +193,10 @@ class FolderReader:
             ) from error
         stored = {key: (value.dtype, value.shape[1:]) for key, value in arrays.items()}
         check_stored_schema(self._dir(index) / ARRAYS, stored, self._array_schema)
-        self._arrays[index] = arrays
-        if len(self._arrays) > _CACHED_EPISODES:
-            self._arrays.popitem(last=False)
+        with self._arrays_lock:
+            self._arrays[index] = arrays
+            if len(self._arrays) > _CACHED_EPISODES:
+                self._arrays.popitem(last=False)
         return arrays
 
     def _frame(self, key: str, episode: int, step: int) -> np.ndarray:
