@@ -3,25 +3,33 @@ format, with every figure's ratio to the smallest size.
 
     python benchmarks/scale.py                                     # 1k and 10k, every format
     python benchmarks/scale.py --sizes 1000 10000 100000 --formats lance hdf5
+    python benchmarks/scale.py --formats                           # the ReplayBuffer rows only
 
-For each format and size, in fresh forked processes (this one never opens a dataset):
+For each format and size, in fresh forked processes (this one imports the libraries, so that
+no figure includes an import, and never opens a dataset):
 
 - write: the episodes (``make_episode(i, length=10, res=8)`` of ``benchmarks/synth.py``) through
   ``open_writer``, one ``write_episode`` each, then ``close``: ms per episode and the writer's
   peak RSS;
 - append: ``open_writer`` on the finished dataset, one episode, ``close`` (what ``swm collect``
-  pays per episode on an existing dataset), the median of ``--appends`` tries;
+  pays per episode on an existing dataset);
 - read: ``load_dataset`` (history 3) is the open time, ``make_loader`` (batch 64, 2 reader
-  threads) to its first batch the first-batch time, then clips/s over ``--batches`` batches, and
-  the reader's peak RSS;
+  threads) to its first batch the first-batch time, then clips/s over ``--batches`` batches,
+  then over as many again through a loader that skips the checksum checks (a row is checked the
+  first time a process reads it: the larger the dataset, the more of a run's reads are first
+  reads), and the reader's peak RSS;
 - bytes on disk per step.
+
+The appends and reads run in ``--rounds`` rounds, each over every size, so that the machine's
+load moves the sizes together; a figure is the median of the rounds (RSS: the largest).
 
 Then the ReplayBuffer (``--buffer-steps``): filled to capacity with the same episodes, the time of
 one ``add_episode`` (which evicts the oldest) and one ``sample(64)`` after it, what online training
 pays per collected episode, the median of ``--buffer-rounds``.
 
-The dataset is deleted before the next size. Compare ratios within one run (the machine's load
-moves every row), and run two checkouts one after the other on the same machine to compare them.
+A format's datasets are deleted before the next format. Compare ratios within one run (the
+machine's load moves every row), and run two checkouts one after the other on the same machine
+to compare them.
 """
 
 import argparse
@@ -32,9 +40,11 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
-from synth import make_episode  # benchmarks/synth.py, beside this file
+from loader import Unchecked  # benchmarks/loader.py, beside this file
+from synth import make_episode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -77,6 +87,17 @@ def in_child(function, *args):
     return result
 
 
+def import_readers_and_writers() -> None:
+    """What a process imports once whatever the dataset's size (``lance``, ``h5py``, PIL), here,
+    before any child forks: a child's figures are then the cost of the dataset, not of imports.
+    (Importing Lance is fork-safe; opening a dataset is not, and only children open them.)"""
+    import h5py  # noqa: F401
+    import lance  # noqa: F401
+    import PIL.Image  # noqa: F401
+
+    warnings.filterwarnings("ignore", message="lance is not fork-safe")
+
+
 def write(path: Path, fmt: str, episodes: int) -> dict:
     start = time.perf_counter()
     writer = open_writer(path, format=fmt, mode="overwrite")
@@ -100,25 +121,37 @@ def read(path: Path, batches: int) -> dict:
     start = time.perf_counter()
     dataset = load_dataset(path, history_len=HISTORY_LEN)
     opened = time.perf_counter()
-    loader = make_loader(dataset, batch_size=BATCH, num_workers=WORKERS, seed=0)
-    iterator = iter(loader)
-    next(iterator)
+    batches_of = iter_batches(make_loader(dataset, batch_size=BATCH, num_workers=WORKERS, seed=0))
+    next(batches_of)
     first = time.perf_counter()
-    timed = time.perf_counter()
-    for _ in range(batches):
-        try:
-            next(iterator)
-        except StopIteration:
-            iterator = iter(loader)
-            next(iterator)
-    seconds = time.perf_counter() - timed
-    del iterator, loader
+    checked = time_batches(batches_of, batches)
+    # The same loader without the checksum checks, whose cost falls on the rows a process reads
+    # for the first time (more of them the larger the dataset): the loader's own cost per clip.
+    dataset.__class__ = Unchecked
+    batches_of = iter_batches(make_loader(dataset, batch_size=BATCH, num_workers=WORKERS, seed=1))
+    next(batches_of)
+    unchecked = time_batches(batches_of, batches)
     return {
         "open_s": opened - start,
         "first_batch_s": first - opened,
-        "clips_per_s": batches * BATCH / seconds,
+        "clips_per_s": checked,
+        "unchecked_per_s": unchecked,
         "read_rss": peak_rss_bytes(),
     }
+
+
+def iter_batches(loader):
+    """The loader's batches, epoch after epoch."""
+    while True:
+        yield from loader
+
+
+def time_batches(batches_of, batches: int) -> float:
+    """Clips/s over the next ``batches`` batches."""
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(batches_of)
+    return batches * BATCH / (time.perf_counter() - start)
 
 
 def buffer_round(steps: int, rounds: int) -> dict:
@@ -142,22 +175,33 @@ COLUMNS = [  # (key, heading, format)
     ("open_s", "open s", "{:.3f}"),
     ("first_batch_s", "1st batch s", "{:.3f}"),
     ("clips_per_s", "clips/s", "{:.0f}"),
+    ("unchecked_per_s", "unchecked clips/s", "{:.0f}"),
     ("read_rss", "read RSS MB", "{:.0f}"),
     ("disk_per_step", "disk B/step", "{:.0f}"),
 ]
 
 
-def measure(scratch: Path, fmt: str, size: int, args) -> dict:
-    path = scratch / f"data-{size}{SUFFIXES[fmt]}"
-    row = in_child(write, path, fmt, size)
-    appends = [in_child(append, path, size + n)["append_s"] for n in range(args.appends)]
-    row["append_s"] = statistics.median(appends)
-    row.update(in_child(read, path, args.batches))
-    row["disk_per_step"] = nbytes_under(path) / ((size + args.appends) * LENGTH)
-    for key in ("write_rss", "read_rss"):
-        row[key] /= 2**20
-    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    return row
+def measure(scratch: Path, fmt: str, sizes: list[int], args) -> dict[int, dict]:
+    """Every size's row: the writes one after the other, then the appends and reads in rounds,
+    each round over every size (the machine's load moves them together), medians of the rounds."""
+    paths = {size: scratch / f"data-{size}{SUFFIXES[fmt]}" for size in sizes}
+    rows = {size: in_child(write, paths[size], fmt, size) for size in sizes}
+    rounds = {size: [] for size in sizes}
+    for number in range(args.rounds):
+        for size in sizes:
+            measured = in_child(append, paths[size], size + number)
+            measured.update(in_child(read, paths[size], args.batches))
+            rounds[size].append(measured)
+    for size, row in rows.items():
+        for key in rounds[size][0]:
+            values = [measured[key] for measured in rounds[size]]
+            row[key] = max(values) if key == "read_rss" else statistics.median(values)
+        row["disk_per_step"] = nbytes_under(paths[size]) / ((size + args.rounds) * LENGTH)
+        for key in ("write_rss", "read_rss"):
+            row[key] /= 2**20
+        path = paths[size]
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return rows
 
 
 def print_row(fmt: str, size: int, row: dict, base: dict) -> None:
@@ -175,7 +219,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="episodes")
     parser.add_argument("--formats", nargs="*", default=list(SUFFIXES), choices=list(SUFFIXES))
     parser.add_argument("--batches", type=int, default=100, help="batches timed per read")
-    parser.add_argument("--appends", type=int, default=3, help="appends timed per size")
+    parser.add_argument("--rounds", type=int, default=3, help="appends and reads per size")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
     parser.add_argument(
         "--buffer-steps", type=int, nargs="*", default=[10_000, 100_000, 1_000_000],
@@ -183,20 +227,21 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--buffer-rounds", type=int, default=200, help="add + sample timed")
     args = parser.parse_args()
+    import_readers_and_writers()
     print(
         f"episodes of {LENGTH} steps, {RESOLUTION}x{RESOLUTION} frames; history {HISTORY_LEN},"
         f" batch {BATCH}, {WORKERS} reader threads; {os.cpu_count()} CPUs, load average"
         f" {os.getloadavg()[0]:.1f}; swmcli from {ROOT}; (ratio to the smallest size)"
     )
-    print("| format | episodes | " + " | ".join(h for _, h, _ in COLUMNS) + " |")
-    print("| --- " * (len(COLUMNS) + 2) + "|")
+    if args.formats:
+        print("| format | episodes | " + " | ".join(h for _, h, _ in COLUMNS) + " |")
+        print("| --- " * (len(COLUMNS) + 2) + "|")
     scratch = Path(tempfile.mkdtemp(prefix="swm-scale-", dir=args.dir))
     try:
         for fmt in args.formats:
-            base = None
-            for size in sorted(args.sizes):
-                row = measure(scratch, fmt, size, args)
-                base = base or row
+            rows = measure(scratch, fmt, sorted(args.sizes), args)
+            base = rows[min(rows)]
+            for size, row in rows.items():
                 print_row(fmt, size, row, base)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

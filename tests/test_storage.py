@@ -323,6 +323,8 @@ def run_writer_and_kill(path: Path, fmt: str, episodes: int) -> int:
         committed = int(line)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+    # Indices the writer printed that were not read yet (a loaded machine lets it run ahead).
+    committed = max([committed, *map(int, process.stdout.read().split())])
     assert committed >= episodes - 1, "the writer did not get going"
     return committed + 1
 
@@ -442,6 +444,23 @@ def test_folder_with_a_deleted_frame_is_a_clear_error(tmp_path):
     (path / folder.INDEX).unlink()  # as an older swm wrote it: a scan, which checks every frame
     with pytest.raises(DatasetError, match="4 frames for 5 steps"):
         open_reader(path).episode_lengths  # noqa: B018 (the scan is the check)
+
+
+def test_folder_episodes_are_checked_for_links_out_when_read_not_walked_when_opened(tmp_path):
+    path = tmp_path / "frames"
+    write(path, [make_episode(seed, 3) for seed in range(3)], fmt="folder")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    frame = path / "episode_000001" / "pixels" / "000000.png"
+    frame.rename(outside / "frame.png")
+    frame.symlink_to(outside / "frame.png")
+    (path / "episode_000002").rename(outside / "episode")
+    (path / "episode_000002").symlink_to(outside / "episode")
+    reader = open_reader(path)  # opening walks no episode
+    assert_same_episode(reader.read_episode(0), make_episode(0, 3))
+    for episode, link in ((1, "episode_000001/pixels/000000.png"), (2, "episode_000002")):
+        with pytest.raises(DatasetError, match=f"{link} is a link to"):
+            reader.read_episode(episode)
 
 
 def test_folder_opens_and_appends_from_its_index_and_rebuilds_a_missing_one(tmp_path):

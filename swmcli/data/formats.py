@@ -47,8 +47,13 @@ def detect(path: str | Path) -> str:
         raise MissingPathError(
             f"no dataset at {path}", hint="check the path (collect one with `swm collect`)"
         )
-    check_tree(path)  # before any of its files is read: no link leads out of it
+    # Before any of its files is read: no link leads out of it. A swm folder's episodes are
+    # checked by its reader, each before it is read, so opening one walks none of them.
+    swm_folder = path.is_dir() and (path / FOLDER_METADATA).is_file()
+    check_tree(path, skip=folder.is_episode_name if swm_folder else None)
     if foreign_format := detect_foreign(path):  # another tool's layout (bring your data)
+        if swm_folder:
+            check_tree(path)
         return foreign_format
     if path.is_file():
         with path.open("rb") as handle:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from swmcli.data.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.data.storage.containment import check_part
 from swmcli.data.storage.location import nbytes_under
 from swmcli.data.storage.schema import (
     FOLDER_METADATA,
@@ -59,6 +60,11 @@ def _png_mode(shape: tuple[int, ...]) -> bool:
 
 def _is_png_key(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
     return np.dtype(dtype) == np.uint8 and is_image(shape) and _png_mode(shape)
+
+
+def is_episode_name(name: str) -> bool:
+    """True for the name of an episode's directory."""
+    return _EPISODE.match(name) is not None
 
 
 def _episode_dir(path: Path, index: int) -> Path:
@@ -112,6 +118,7 @@ class FolderReader:
         }
         self._arrays: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._arrays_lock = threading.Lock()
+        self._contained: set[int] = set()  # episodes checked to hold no link out of the dataset
         self._lengths: np.ndarray | None = None
         self.indexed = _read_index(self.path)
         if self.indexed is None:
@@ -129,6 +136,14 @@ class FolderReader:
 
     def _dir(self, index: int) -> Path:
         return _episode_dir(self.path, index)
+
+    def _read_dir(self, index: int) -> Path:
+        """Episode ``index``'s directory, checked before its first read to hold no link out of
+        the dataset (opening walks none of them: see ``formats.detect``)."""
+        if index not in self._contained:
+            check_part(self.path, self._dir(index))
+            self._contained.add(index)
+        return self._dir(index)
 
     @property
     def episode_lengths(self) -> np.ndarray:
@@ -185,7 +200,7 @@ class FolderReader:
                 self._arrays.move_to_end(index)
                 return self._arrays[index]
         try:
-            with np.load(self._dir(index) / ARRAYS) as npz:
+            with np.load(self._read_dir(index) / ARRAYS) as npz:
                 arrays = {k: npz[k] for k in npz.files}
         except Exception as error:  # a damaged zip fails in many ways (bad CRC, method, ...)
             raise DatasetError(
@@ -203,7 +218,7 @@ class FolderReader:
         from PIL import Image
 
         dtype, shape = self.keys[key]
-        file = self._dir(episode) / key / f"{step:06d}.png"
+        file = self._read_dir(episode) / key / f"{step:06d}.png"
         try:
             with Image.open(file) as image:
                 return np.asarray(image, dtype=dtype).reshape(shape)

@@ -134,6 +134,7 @@ class ReaderLock:
     def __init__(self, path: Path):
         self._path = Path(path)
         self._handle = None
+        self._pinned = None  # the version file held, once pinned
         try:
             handle = open(_readers_lock_path(path), "a+")  # noqa: SIM115 - held while reading
         except OSError:
@@ -146,19 +147,33 @@ class ReaderLock:
         be made, keep holding the whole dataset (a writer then deletes nothing)."""
         if self._handle is None:
             return
-        try:
-            _reading_path(self._path).mkdir(exist_ok=True)
-            pinned = open(_reading_path(self._path) / f"{int(version)}.lock", "a+")  # noqa: SIM115
-        except OSError:
-            return
-        fcntl.flock(pinned, fcntl.LOCK_SH)
+        file = _reading_path(self._path) / f"{int(version)}.lock"
+        while True:
+            try:
+                file.parent.mkdir(exist_ok=True)
+                pinned = open(file, "a+")  # noqa: SIM115 - held while reading
+            except OSError:
+                return
+            fcntl.flock(pinned, fcntl.LOCK_SH)
+            if _same_file(pinned, file):
+                break
+            pinned.close()  # the last reader of that version removed it meanwhile: a fresh one
         self._handle.close()
-        self._handle = pinned
+        self._handle, self._pinned = pinned, file
 
     def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        """Let go; the last reader of a pinned version removes its file (a reader leaves
+        nothing behind in the dataset)."""
+        if self._handle is None:
+            return
+        if self._pinned is not None:
+            try:
+                fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._pinned.unlink(missing_ok=True)
+            except BlockingIOError:
+                pass  # another reader holds this version
+        self._handle.close()
+        self._handle = self._pinned = None
 
 
 def _reading_path(path: Path) -> Path:
