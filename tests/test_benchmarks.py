@@ -74,6 +74,17 @@ def test_import_speed_benchmark_streams_stable_worldmodels_layout_direct_and_con
     assert "swm, direct" in out and "swm, converted" in out and "swm convert:" in out
 
 
+def test_scale_benchmark_prints_each_size_with_its_ratio(tmp_path):
+    """benchmarks/scale.py at a toy size, one format (each runs the same code)."""
+    out = _run(
+        "scale.py", "--formats", "hdf5", "--sizes", "10", "20", "--batches", "2", "--rounds",
+        "1", "--buffer-steps", "100", "200", "--buffer-rounds", "2", "--dir", str(tmp_path),
+    )  # fmt: skip
+    assert "| hdf5 | 10 |" in out and "| hdf5 | 20 |" in out and "x) |" in out
+    assert "buffer of 200 steps" in out
+    assert list(tmp_path.iterdir()) == []  # every dataset deleted
+
+
 def test_buffer_benchmark_prints_every_row_against_its_numpy_baseline():
     out = _run("buffer.py", "--resolutions", "32", "--max-steps", "2000")
     for row in ("add (ring full, evicting)", "add_episode", "sample(64, out=)", "naive"):

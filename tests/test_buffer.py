@@ -129,6 +129,28 @@ def test_fifo_of_whole_episodes_and_clips_inside_one_episode(params):
             check_clip({k: v[b] for k, v in batch.items()}, history_len, frameskip, dict(kept))
 
 
+def test_the_clip_index_stays_right_over_hundreds_of_episodes_and_evictions():
+    """Past the index's first arrays (16 episodes): they grow, and evicted episodes' slots are
+    given back; every clip is where a fresh count puts it."""
+    lengths = [1 + (7 * n) % 9 for n in range(300)]
+    small = ReplayBuffer(60, history_len=2)  # evicts at almost every episode
+    large = ReplayBuffer(2000, history_len=2)  # holds them all: the arrays grow
+    for episode_id, length in enumerate(lengths):
+        for buf in (small, large):
+            buf.add_episode(make_episode(episode_id, length))
+        if episode_id % 50 != 49:
+            continue
+        for buf in (small, large):
+            kept = expected_fifo(lengths[: episode_id + 1], buf.max_steps)
+            kept_lengths = np.array([n for _, n in kept])
+            starts = clip_starts(np.zeros(len(kept)), kept_lengths, 2)
+            ids = np.repeat([i for i, _ in kept], np.maximum(kept_lengths - 1, 0))
+            assert buf.num_clips == len(starts)
+            clips = buf.read_batch(np.arange(buf.num_clips))
+            np.testing.assert_array_equal(clips["state"][:, 0, 0], ids)
+            np.testing.assert_array_equal(clips["state"][:, 0, 1], starts)
+
+
 @settings(max_examples=40, deadline=None)
 @given(run)
 def test_sample_is_reproducible_with_a_seed(params):

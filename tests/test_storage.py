@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from swmcli.data.formats import FORMATS, detect, open_reader, open_writer
-from swmcli.data.storage import hdf5
+from swmcli.data.storage import folder, hdf5
 from swmcli.errors import DatasetError
 
 SUFFIX = {"lance": ".lance", "hdf5": ".h5", "folder": ""}
@@ -196,9 +196,9 @@ def test_hdf5_is_plain_h5py_with_episode_offsets(tmp_path):
         assert file["episode_offsets"][:].tolist() == [0, 3]
         assert file["episode_idx"][:].tolist() == [0] * 3 + [1] * 5
         assert file["pixels"].chunks == (1, 32, 32, 3)
-        # Frames under HDF5's registered LZ4 filter (hdf5plugin reads it); the rest is gzip.
+        # Frames under HDF5's registered LZ4 filter (hdf5plugin reads it); the rest is raw.
         assert hdf5._filter_ids(file["pixels"]) == (hdf5.H5Z_LZ4,)
-        assert file["action"].compression == "gzip"
+        assert file["action"].compression is None
 
 
 def test_hdf5_opens_in_the_standard_tools(tmp_path):
@@ -323,6 +323,8 @@ def run_writer_and_kill(path: Path, fmt: str, episodes: int) -> int:
         committed = int(line)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
+    # Indices the writer printed that were not read yet (a loaded machine lets it run ahead).
+    committed = max([committed, *map(int, process.stdout.read().split())])
     assert committed >= episodes - 1, "the writer did not get going"
     return committed + 1
 
@@ -382,6 +384,44 @@ def test_a_lance_reader_survives_a_writer_compacting_and_closing(tmp_path):
     assert open_reader(path).num_episodes == 7
 
 
+def test_a_lance_writer_cleans_every_version_but_the_one_a_reader_holds(tmp_path):
+    import lance
+
+    path = tmp_path / "d.lance"
+    write(path, [make_episode(seed, 3) for seed in range(3)])
+    reader = open_reader(path)
+    with open_writer(path) as writer:  # 17 commits and a few merges while the reader reads
+        for seed in range(3, 20):
+            writer.write_episode(make_episode(seed, 3))
+    assert len(lance.dataset(str(path)).versions()) == 2  # the reader's and the latest
+    for index in range(3):
+        assert_same_episode(reader.read_episode(index), make_episode(index, 3))
+    reader.close()
+    reader = open_reader(path)
+    for index in range(20):  # merged fragments keep the episodes whole and in order
+        assert_same_episode(reader.read_episode(index), make_episode(index, 3))
+    reader.close()
+
+
+def test_lance_merges_keep_few_fragments_and_rewrite_each_row_a_few_times():
+    """The merge plan over 5,000 appended episodes of 10 rows: fragments stay a few per tier,
+    and the rows rewritten stay a small multiple of the rows written."""
+    from swmcli.data.storage.lance import MERGE_FAN_IN, _merge_group
+
+    fragments, rewritten, most = [], 0, 0
+    for _ in range(5000):
+        fragments.append(10)
+        while group := _merge_group(fragments, small=100, large=100_000, closing=False):
+            rewritten += sum(fragments[group])
+            fragments[group] = [sum(fragments[group])]
+        most = max(most, len(fragments))
+    assert sum(fragments) == 50_000
+    assert most <= MERGE_FAN_IN * 5
+    assert rewritten <= 5 * 50_000
+    closing = _merge_group([500, 10, 10], small=100, large=100_000, closing=True)
+    assert closing == slice(1, 3)  # the smallest tier is merged on close
+
+
 def test_an_hdf5_reader_does_not_block_a_writer(tmp_path):
     path = tmp_path / "d.h5"
     write(path, [make_episode(seed, 5) for seed in range(2)])
@@ -399,8 +439,46 @@ def test_folder_with_a_deleted_frame_is_a_clear_error(tmp_path):
     path = tmp_path / "frames"
     write(path, [make_episode(seed, 5) for seed in range(2)], fmt="folder")
     next(path.glob("episode_000001/pixels/*.png")).unlink()
+    with pytest.raises(DatasetError, match=r"cannot read .*episode_000001"):
+        open_reader(path).read_episode(1)  # opened from the index: the read finds it
+    (path / folder.INDEX).unlink()  # as an older swm wrote it: a scan, which checks every frame
     with pytest.raises(DatasetError, match="4 frames for 5 steps"):
         open_reader(path).episode_lengths  # noqa: B018 (the scan is the check)
+
+
+def test_folder_episodes_are_checked_for_links_out_when_read_not_walked_when_opened(tmp_path):
+    path = tmp_path / "frames"
+    write(path, [make_episode(seed, 3) for seed in range(3)], fmt="folder")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    frame = path / "episode_000001" / "pixels" / "000000.png"
+    frame.rename(outside / "frame.png")
+    frame.symlink_to(outside / "frame.png")
+    (path / "episode_000002").rename(outside / "episode")
+    (path / "episode_000002").symlink_to(outside / "episode")
+    reader = open_reader(path)  # opening walks no episode
+    assert_same_episode(reader.read_episode(0), make_episode(0, 3))
+    for episode, link in ((1, "episode_000001/pixels/000000.png"), (2, "episode_000002")):
+        with pytest.raises(DatasetError, match=f"{link} is a link to"):
+            reader.read_episode(episode)
+
+
+def test_folder_opens_and_appends_from_its_index_and_rebuilds_a_missing_one(tmp_path):
+    path = tmp_path / "frames"
+    lengths = [3, 5, 4]
+    write(path, [make_episode(seed, n) for seed, n in enumerate(lengths[:2])], fmt="folder")
+    assert np.fromfile(path / folder.INDEX, "<i8").tolist() == lengths[:2]
+    (path / folder.INDEX).unlink()  # a folder written without one
+    assert open_reader(path).episode_lengths.tolist() == lengths[:2]  # scanned
+    write(path, [make_episode(2, 4)], fmt="folder")  # the writer writes it back, then appends
+    assert np.fromfile(path / folder.INDEX, "<i8").tolist() == lengths
+    with open(path / folder.INDEX, "r+b") as index:  # a writer killed after its commit
+        index.truncate(2 * 8 + 3)
+    reader = open_reader(path)
+    assert reader.episode_lengths.tolist() == lengths  # the last from its own arrays
+    assert_same_episode(reader.read_episode(2), make_episode(2, 4))
+    write(path, [make_episode(3, 2)], fmt="folder")
+    assert np.fromfile(path / folder.INDEX, "<i8").tolist() == [*lengths, 2]
 
 
 def test_a_full_disk_is_refused_before_the_episode_is_written(tmp_path, fmt, monkeypatch):
@@ -468,5 +546,24 @@ def test_hdf5_frames_come_through_the_chunk_index_and_equal_what_was_written(tmp
         np.testing.assert_array_equal(reader.read_rows("pixels", rows), frames[rows])
         chunks = reader._chunks["pixels"]  # one os.pread per frame, no HDF5 call
         assert chunks is not None and (chunks.offsets >= 0).all()
+        actions = np.concatenate([episode["action"] for episode in episodes])
+        got = reader.read_rows("action", rows)  # gathered from the memory map
+        assert isinstance(reader._chunks["action"], hdf5._RowChunks)
+        assert got.tobytes() == actions[rows].tobytes()  # NaNs included
+        assert reader.read_rows("action", rows[:0]).shape == (0, 2)
     finally:
         reader.close()
+
+
+def test_hdf5_short_episodes_leave_no_dead_space(tmp_path):
+    """Appending an episode adds its bytes, not a rewrite of each small key's chunk."""
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(seed, 2, resolution=8) for seed in range(20)], fmt="hdf5")
+    before = path.stat().st_size
+    write(path, [make_episode(seed, 2, resolution=8) for seed in range(20, 70)], fmt="hdf5")
+    per_episode = (path.stat().st_size - before) / 50
+    raw = sum(value.nbytes for value in make_episode(0, 2, resolution=8).values())
+    assert per_episode < 4 * raw, (per_episode, raw)
+    reader = open_reader(path)
+    assert_same_episode(reader.read_episode(69), make_episode(69, 2, resolution=8))
+    reader.close()

@@ -11,7 +11,6 @@ is ``position % max_steps``. An episode that runs past the end of the ring simpl
 gathers read it with ``np.take(..., mode="wrap")``, so nothing is ever moved or staged.
 """
 
-from collections import deque
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -19,7 +18,6 @@ import numpy as np
 from swmcli.data.clips import (
     ACTION,
     action_rows,
-    clip_counts,
     clip_span,
     fold_actions,
     locate_clips,
@@ -67,6 +65,69 @@ def preflight(max_steps: int, row_bytes: int, max_bytes: int | None = None) -> i
             available=available,
         )
     return needed
+
+
+class _Episodes:
+    """Sealed episodes, oldest first, in arrays grown in place: each one's start row, length,
+    and the clips of every episode sealed before it. Sealing and evicting an episode cost O(1)
+    (amortised), and a clip is found by a binary search, however many episodes are held."""
+
+    def __init__(self, span: int):
+        self.span = span
+        self._start = np.empty(16, np.int64)
+        self._length = np.empty(16, np.int64)
+        self._clips = np.zeros(17, np.int64)  # [k]: clips of the episodes sealed before slot k
+        self._first = self._end = 0  # slots of the episodes held
+
+    def __len__(self) -> int:
+        return self._end - self._first
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        """(start, length) of every episode held, oldest first."""
+        held = slice(self._first, self._end)
+        return zip(self._start[held].tolist(), self._length[held].tolist(), strict=True)
+
+    def append(self, start: int, length: int) -> None:
+        if self._end == len(self._start):
+            self._make_room()
+        end = self._end
+        self._start[end], self._length[end] = start, length
+        self._clips[end + 1] = self._clips[end] + max(length - self.span + 1, 0)
+        self._end += 1
+
+    def popleft(self) -> int:
+        """Forget the oldest episode; its length."""
+        length = int(self._length[self._first])
+        self._first += 1
+        return length
+
+    def last(self) -> tuple[int, int]:
+        return int(self._start[self._end - 1]), int(self._length[self._end - 1])
+
+    @property
+    def num_clips(self) -> int:
+        return int(self._clips[self._end] - self._clips[self._first])
+
+    def locate(self, indices: np.ndarray) -> np.ndarray:
+        """Start row of each clip in ``indices`` (0: the oldest episode's first clip)."""
+        first, end = self._first, self._end
+        base = int(self._clips[first])
+        ends = self._clips[first + 1 : end + 1]
+        return locate_clips(indices + base, self._start[first:end], ends, first_clip=base)
+
+    def _make_room(self) -> None:
+        """Move the episodes held to the front of arrays twice their count (at least 16)."""
+        held, count = slice(self._first, self._end), len(self)
+        size = max(16, 2 * count)
+        start, length, clips = (
+            np.empty(size, np.int64),
+            np.empty(size, np.int64),
+            np.empty(size + 1, np.int64),
+        )
+        start[:count], length[:count] = self._start[held], self._length[held]
+        clips[: count + 1] = self._clips[self._first : self._end + 1]
+        self._start, self._length, self._clips = start, length, clips
+        self._first, self._end = 0, count
 
 
 def _schema_of(step: Mapping[str, np.ndarray]) -> Schema:
@@ -141,8 +202,7 @@ class ReplayBuffer:
         self._tail = 0  # logical position of the oldest row held
         self._head = 0  # logical position of the next row to write
         self._open_start = 0  # first row of the episode in progress (== _head when none)
-        self._episodes: deque[tuple[int, int]] = deque()  # sealed (start, length), oldest first
-        self._index: tuple[np.ndarray, np.ndarray] | None = None  # cached (starts, clip_ends)
+        self._episodes = _Episodes(self.span)  # sealed episodes, oldest first
         self.evicted_episodes = 0
         self.evicted_steps = 0
 
@@ -160,8 +220,7 @@ class ReplayBuffer:
     @property
     def num_clips(self) -> int:
         """Clips that can be sampled (every valid start in every sealed episode)."""
-        _, clip_ends = self._clip_index()
-        return int(clip_ends[-1]) if len(clip_ends) else 0
+        return self._episodes.num_clips
 
     @property
     def nbytes(self) -> int:
@@ -260,11 +319,10 @@ class ReplayBuffer:
         """Evict the oldest sealed episodes until ``rows`` more rows fit."""
         self._check_episode_fits(rows)
         while self._head - self._tail + rows > self.max_steps:
-            _, length = self._episodes.popleft()
+            length = self._episodes.popleft()
             self._tail += length
             self.evicted_episodes += 1
             self.evicted_steps += length
-            self._index = None
 
     def add(self, step: Mapping[str, np.ndarray]) -> None:
         """Write one row straight into the ring; ``action`` may be left out (stored as NaN)."""
@@ -298,9 +356,8 @@ class ReplayBuffer:
         action = self._rings.get(ACTION)
         if action is not None and np.issubdtype(action.dtype, np.floating):
             action[(self._head - 1) % self.max_steps] = np.nan
-        self._episodes.append((self._open_start, length))
+        self._episodes.append(self._open_start, length)
         self._open_start = self._head
-        self._index = None
 
     def add_episode(self, episode: Mapping[str, np.ndarray]) -> None:
         """Write a whole episode (arrays of shape ``(L, ...)``) into the ring and seal it; an
@@ -364,21 +421,12 @@ class ReplayBuffer:
         """Rows of the newest sealed episode still held (views are overwritten by later writes)."""
         if not self._episodes:
             raise UsageError("the buffer holds no sealed episode", hint="call end_episode() first")
-        return self._rows(*self._episodes[-1])
+        return self._rows(*self._episodes.last())
 
     def episodes(self) -> Iterator[dict[str, np.ndarray]]:
         """Every sealed episode, oldest first, as a dict of arrays (see ``last_episode``)."""
         for start, length in list(self._episodes):
             yield self._rows(start, length)
-
-    def _clip_index(self) -> tuple[np.ndarray, np.ndarray]:
-        """Episode starts and cumulative clip counts, rebuilt only after episodes change."""
-        if self._index is None:
-            count = len(self._episodes)
-            starts = np.fromiter((s for s, _ in self._episodes), np.int64, count)
-            lengths = np.fromiter((n for _, n in self._episodes), np.int64, count)
-            self._index = (starts, np.cumsum(clip_counts(lengths, self.span)))
-        return self._index
 
     def _gather(
         self, starts: np.ndarray, out: Mapping[str, np.ndarray] | None
@@ -431,7 +479,7 @@ class ReplayBuffer:
                 hint="collect more (or longer) episodes, or lower --history-len / --frameskip",
             )
         indices = self._rng.integers(0, total, size=int(batch_size))
-        starts = locate_clips(indices, *self._clip_index())
+        starts = self._episodes.locate(indices)
         return self._gather(starts, out)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
@@ -451,7 +499,7 @@ class ReplayBuffer:
         indices = np.where(indices < 0, indices + total, indices)
         if indices.size and not (indices.min() >= 0 and indices.max() < total):
             raise OutOfRangeError(f"clip index out of range: the buffer holds {total} clips")
-        return self._gather(locate_clips(indices, *self._clip_index()), None)
+        return self._gather(self._episodes.locate(indices), None)
 
     def __repr__(self) -> str:
         return (

@@ -42,17 +42,18 @@ def clip_counts(episode_lengths: np.ndarray, span: int) -> np.ndarray:
 
 
 def locate_clips(
-    indices: np.ndarray, episode_starts: np.ndarray, clip_ends: np.ndarray
+    indices: np.ndarray, episode_starts: np.ndarray, clip_ends: np.ndarray, first_clip: int = 0
 ) -> np.ndarray:
     """Start row of each clip in ``indices``, numbered as :func:`clip_starts` numbers them.
 
-    ``clip_ends`` is ``np.cumsum(clip_counts(lengths, span))``. This finds a clip's episode by
-    binary search, so a sampler needs O(episodes) memory instead of one start per clip.
+    ``clip_ends`` is ``first_clip + np.cumsum(clip_counts(lengths, span))``: the clips are
+    numbered from ``first_clip``. This finds a clip's episode by binary search, so a sampler
+    needs O(episodes) memory instead of one start per clip.
     """
     indices = np.asarray(indices, dtype=np.int64)
     episode = np.searchsorted(clip_ends, indices, side="right")
-    # Clips before this episode; episode 0 has none (the -1 index is masked by the where).
-    before = np.where(episode > 0, clip_ends[episode - 1], 0)
+    # Clips before this episode; the first has first_clip (the -1 index is masked by the where).
+    before = np.where(episode > 0, clip_ends[episode - 1], first_clip)
     return np.asarray(episode_starts, dtype=np.int64)[episode] + (indices - before)
 
 

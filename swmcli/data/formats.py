@@ -47,8 +47,13 @@ def detect(path: str | Path) -> str:
         raise MissingPathError(
             f"no dataset at {path}", hint="check the path (collect one with `swm collect`)"
         )
-    check_tree(path)  # before any of its files is read: no link leads out of it
+    # Before any of its files is read: no link leads out of it. A swm folder's episodes are
+    # checked by its reader, each before it is read, so opening one walks none of them.
+    swm_folder = path.is_dir() and (path / FOLDER_METADATA).is_file()
+    check_tree(path, skip=folder.is_episode_name if swm_folder else None)
     if foreign_format := detect_foreign(path):  # another tool's layout (bring your data)
+        if swm_folder:
+            check_tree(path)
         return foreign_format
     if path.is_file():
         with path.open("rb") as handle:
@@ -234,7 +239,7 @@ def check_free_space(path: Path, episode_bytes: int, hint: str | None = None) ->
 def _holds_no_episode(path: Path) -> bool:
     """True only for nothing at all or for what swm itself leaves when a first write fails: an
     empty directory or ``.h5``/``.hdf5`` file; a Lance directory with no commit (``data/*.lance``,
-    ``_transactions/*.txn``, the readers' lock); a folder dataset's uncommitted parts (its
+    ``_transactions/*.txn``, the readers' locks); a folder dataset's uncommitted parts (its
     staging directories and metadata, empty episode directories). A user's files (a
     ``.gitkeep``, empty notes) are never taken for leftovers. Called under the writer lock."""
     if path.is_file():
@@ -242,7 +247,7 @@ def _holds_no_episode(path: Path) -> bool:
     if not path.is_dir():
         return False
     entries = list(path.iterdir())
-    lance = {"data": ".lance", "_transactions": ".txn"}
+    lance = {"data": ".lance", "_transactions": ".txn", "_swm_reading": ".lock"}
     return all(_lance_leftover(entry, lance) for entry in entries) or all(
         _folder_leftover(entry) for entry in entries
     )

@@ -11,6 +11,7 @@ ways (external links, external raw storage, virtual datasets): ``check_hdf5`` re
 """
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from swmcli.errors import DatasetError, first_line
@@ -31,15 +32,30 @@ def inside(root: Path, relative: str) -> Path:
     return target
 
 
-def check_tree(root: Path) -> None:
+def check_tree(root: Path, skip: Callable[[str], bool] | None = None) -> None:
     """Refuse a dataset directory holding a symbolic link that resolves outside it (or a link
     that loops), or a FIFO, device or socket; a dataset that is one file must be a regular file.
-    A file that vanishes while it is walked (a writer's temporary) is passed over."""
+    The entries of ``root`` whose name ``skip`` accepts are left out: their reader checks each
+    with ``check_part`` before reading it. A file that vanishes while it is walked (a writer's
+    temporary) is passed over."""
     if not root.is_dir():
         check_regular(root, "data")
         return
-    base = root.resolve()
-    pending = [root]
+    _walk(root, root, root.resolve(), skip)
+
+
+def check_part(root: Path, part: Path) -> None:
+    """``check_tree`` for ``part`` (itself included), an entry of the dataset at ``root``."""
+    if part.is_symlink():
+        _check_link(part, root.resolve(), root)
+    if part.is_dir():
+        _walk(part, root, root.resolve(), None)
+    else:
+        check_regular(part, "data")
+
+
+def _walk(top: Path, root: Path, base: Path, skip) -> None:
+    pending = [top]
     while pending:
         directory = pending.pop()
         try:
@@ -47,6 +63,8 @@ def check_tree(root: Path) -> None:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
+            if skip is not None and directory is top and skip(entry.name):
+                continue
             if entry.is_symlink():
                 _check_link(Path(entry.path), base, root)
             elif entry.is_dir(follow_symlinks=False):

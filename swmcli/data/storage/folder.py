@@ -4,24 +4,30 @@ Layout::
 
     data/run/
       swm_folder.json                metadata (format, env id, keys, ...)
+      swm_episodes.bin               the index: each episode's row count, int64 little-endian
       episode_000000/
         pixels/000000.png ...        one lossless PNG per frame of every image key
         arrays.npz                   every other key, plus episode_idx and step_idx
 
 An episode is written into a hidden ``.tmp`` directory and renamed into place: the rename is the
-commit, so a reader never sees half an episode.
+commit, so a reader never sees half an episode. Its row count is then appended to the index, so
+opening and appending read the index, not every episode. An episode committed but not indexed
+(its writer killed between the two) is read from its own arrays; a folder without an index (or
+with a damaged one) is scanned, episode by episode, and its next writer writes the index.
 """
 
 import json
 import os
 import re
 import shutil
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 
 from swmcli.data.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.data.storage.containment import check_part
 from swmcli.data.storage.location import nbytes_under
 from swmcli.data.storage.schema import (
     FOLDER_METADATA,
@@ -43,6 +49,8 @@ ARRAYS = "arrays.npz"
 _EPISODE = re.compile(r"^episode_(\d{6,})$")
 _DAMAGED_HINT = "the folder is damaged (a missing or unreadable file): restore it or collect again"
 _CACHED_EPISODES = 8
+INDEX = "swm_episodes.bin"
+_INDEX_DTYPE = np.dtype("<i8")
 
 
 def _png_mode(shape: tuple[int, ...]) -> bool:
@@ -54,15 +62,36 @@ def _is_png_key(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
     return np.dtype(dtype) == np.uint8 and is_image(shape) and _png_mode(shape)
 
 
-def _episode_dirs(path: Path) -> list[Path]:
-    """Committed episode directories, in order."""
+def is_episode_name(name: str) -> bool:
+    """True for the name of an episode's directory."""
+    return _EPISODE.match(name) is not None
+
+
+def _episode_dir(path: Path, index: int) -> Path:
+    return path / f"episode_{index:06d}"
+
+
+def _episode_count(path: Path) -> int:
+    """Committed episode directories (a scan of the folder), checked to run 0, 1, ... unbroken."""
     found = sorted(
         (int(m.group(1)), p) for p in path.iterdir() if p.is_dir() and (m := _EPISODE.match(p.name))
     )
     for expected, (index, directory) in enumerate(found):
         if index != expected:
             raise DatasetError(f"{path}: episode {expected} is missing (found {directory.name})")
-    return [p for _, p in found]
+    return len(found)
+
+
+def _read_index(path: Path) -> np.ndarray | None:
+    """The row counts the index holds, if it agrees with the folder's episodes (None: scan)."""
+    try:
+        lengths = np.fromfile(path / INDEX, dtype=np.uint8)
+    except OSError:
+        return None
+    lengths = lengths[: len(lengths) - len(lengths) % _INDEX_DTYPE.itemsize].view(_INDEX_DTYPE)
+    if np.any(lengths < 1) or (len(lengths) and not _episode_dir(path, len(lengths) - 1).is_dir()):
+        return None  # damaged, or its episodes were removed: the scan says what is missing
+    return lengths.astype(np.int64)
 
 
 class FolderReader:
@@ -87,30 +116,52 @@ class FolderReader:
             **{k: (d, s) for k, (d, s) in self.keys.items() if not _is_png_key(d, s)},
             CHECKSUM_COLUMN: (np.dtype(np.uint32), (len(self.keys),)),
         }
-        self._dirs = _episode_dirs(self.path)
-        self.num_episodes = len(self._dirs)
-        self._lengths: np.ndarray | None = None
         self._arrays: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        self._arrays_lock = threading.Lock()
+        self._contained: set[int] = set()  # episodes checked to hold no link out of the dataset
+        self._lengths: np.ndarray | None = None
+        self.indexed = _read_index(self.path)
+        if self.indexed is None:
+            self.num_episodes = _episode_count(self.path)
+        else:  # and the episodes committed after the index's last
+            self.num_episodes = len(self.indexed)
+            while _episode_dir(self.path, self.num_episodes).is_dir():
+                self.num_episodes += 1
 
     @property
     def index_token(self) -> str:
         """Changes whenever an episode is added: keys the episode-index cache."""
-        last = self._dirs[-1].stat().st_mtime_ns if self._dirs else 0
+        last = self._dir(self.num_episodes - 1).stat().st_mtime_ns if self.num_episodes else 0
         return f"folder:{self.num_episodes}:{last}"
+
+    def _dir(self, index: int) -> Path:
+        return _episode_dir(self.path, index)
+
+    def _read_dir(self, index: int) -> Path:
+        """Episode ``index``'s directory, checked before its first read to hold no link out of
+        the dataset (opening walks none of them: see ``formats.detect``)."""
+        if index not in self._contained:
+            check_part(self.path, self._dir(index))
+            self._contained.add(index)
+        return self._dir(index)
 
     @property
     def episode_lengths(self) -> np.ndarray:
-        """Rows of each episode (reads every episode's arrays once; cache it with cache_dir)."""
+        """Rows of each episode: the index's, and for the episodes it lacks their arrays' (a
+        folder without an index: every episode's, checked to hold all its frames)."""
         if self._lengths is None:
-            lengths = [len(self._episode_arrays(i)["step_idx"]) for i in range(self.num_episodes)]
-            self._check_frames(lengths)
-            self.set_episode_lengths(np.array(lengths, dtype=np.int64))
+            indexed = np.zeros(0, np.int64) if self.indexed is None else self.indexed
+            rest = range(len(indexed), self.num_episodes)
+            lengths = [len(self._episode_arrays(i)["step_idx"]) for i in rest]
+            self._check_frames(rest, lengths)
+            self.set_episode_lengths(np.concatenate([indexed, np.array(lengths, np.int64)]))
         return self._lengths
 
-    def _check_frames(self, lengths: list[int]) -> None:
+    def _check_frames(self, episodes: range, lengths: list[int]) -> None:
         """Every episode has one PNG per step for every image key (a deleted frame is damage)."""
         png_keys = [key for key, (dtype, shape) in self.keys.items() if _is_png_key(dtype, shape)]
-        for directory, length in zip(self._dirs, lengths, strict=False):
+        for index, length in zip(episodes, lengths, strict=True):
+            directory = self._dir(index)
             for key in png_keys:
                 frames = sum(1 for _ in (directory / key).glob("*.png"))
                 if frames != length:
@@ -123,7 +174,7 @@ class FolderReader:
         """Use a cached episode index instead of scanning (of the first episodes, if the folder
         has grown since)."""
         lengths = np.asarray(lengths, dtype=np.int64)
-        if len(lengths) > len(self._dirs):
+        if len(lengths) > self.num_episodes:
             raise DatasetError(f"episode index of {self.path} does not match its episodes")
         self._lengths = lengths
         self._offsets = offsets_from_lengths(lengths)
@@ -144,28 +195,30 @@ class FolderReader:
         return nbytes_under(self.path)
 
     def _episode_arrays(self, index: int) -> dict[str, np.ndarray]:
-        if index in self._arrays:
-            self._arrays.move_to_end(index)
-            return self._arrays[index]
+        with self._arrays_lock:  # reader threads share the cache: one looks it up at a time
+            if index in self._arrays:
+                self._arrays.move_to_end(index)
+                return self._arrays[index]
         try:
-            with np.load(self._dirs[index] / ARRAYS) as npz:
+            with np.load(self._read_dir(index) / ARRAYS) as npz:
                 arrays = {k: npz[k] for k in npz.files}
         except Exception as error:  # a damaged zip fails in many ways (bad CRC, method, ...)
             raise DatasetError(
-                f"cannot read {self._dirs[index] / ARRAYS}: {error}", _DAMAGED_HINT
+                f"cannot read {self._dir(index) / ARRAYS}: {error}", _DAMAGED_HINT
             ) from error
         stored = {key: (value.dtype, value.shape[1:]) for key, value in arrays.items()}
-        check_stored_schema(self._dirs[index] / ARRAYS, stored, self._array_schema)
-        self._arrays[index] = arrays
-        if len(self._arrays) > _CACHED_EPISODES:
-            self._arrays.popitem(last=False)
+        check_stored_schema(self._dir(index) / ARRAYS, stored, self._array_schema)
+        with self._arrays_lock:
+            self._arrays[index] = arrays
+            if len(self._arrays) > _CACHED_EPISODES:
+                self._arrays.popitem(last=False)
         return arrays
 
     def _frame(self, key: str, episode: int, step: int) -> np.ndarray:
         from PIL import Image
 
         dtype, shape = self.keys[key]
-        file = self._dirs[episode] / key / f"{step:06d}.png"
+        file = self._read_dir(episode) / key / f"{step:06d}.png"
         try:
             with Image.open(file) as image:
                 return np.asarray(image, dtype=dtype).reshape(shape)
@@ -240,10 +293,20 @@ class FolderWriter:
             check_metadata(reader.metadata, metadata, self.path)
             self.schema = reader.keys
             self.num_episodes, self.num_steps = reader.num_episodes, reader.num_steps
+            index = self.path / INDEX
+            size = index.stat().st_size if index.is_file() else None
+            if size != _INDEX_DTYPE.itemsize * self.num_episodes:  # missing, short or torn
+                self._write_index(reader.episode_lengths)
         # Half-written episodes of a killed writer: never committed, safe to drop.
         if self.path.is_dir():
             for stale in self.path.glob(".tmp_episode_*"):
                 shutil.rmtree(stale, ignore_errors=True)
+
+    def _write_index(self, lengths: np.ndarray) -> None:
+        """The whole index, replaced at once (a folder without one, or one that lacks episodes)."""
+        temporary = self.path / f".{INDEX}.tmp"
+        np.asarray(lengths, _INDEX_DTYPE).tofile(temporary)
+        os.replace(temporary, self.path / INDEX)
 
     def _create(self, episode) -> None:
         self.schema = episode_schema(episode)
@@ -283,6 +346,8 @@ class FolderWriter:
         np.savez(staging / ARRAYS, **arrays)
         # A killed process loses no written bytes (the kernel holds them): the rename suffices.
         os.rename(staging, self.path / name)
+        with open(self.path / INDEX, "ab") as index:  # one write: the entry is whole or absent
+            index.write(np.array([length], _INDEX_DTYPE).tobytes())
         self.num_steps += length
         self.num_episodes += 1
         return self.num_episodes - 1

@@ -5,7 +5,13 @@ the episode index. Images are chunked one frame per chunk (a random read decodes
 needs) with LZ4, HDF5's registered filter 32004: it decodes ~10x faster than gzip (inflating was
 ~85% of a batch's read) at about the same size. h5py reads it after ``import hdf5plugin``, and
 h5dump once Debian's ``hdf5-filter-plugin`` (or any LZ4 plugin on ``HDF5_PLUGIN_PATH``) is there;
-swm itself needs no plugin (it writes and reads the chunks directly). Other keys use gzip, level 1.
+swm itself needs no plugin (it writes and reads the chunks directly). Other keys are stored
+uncompressed, in chunks of ``_SMALL_CHUNK_ROWS`` rows: a compressed chunk grows with every episode
+appended to it and moves, and a SWMR writer never reuses the space it leaves (short episodes make
+a file many times its data), while an uncompressed chunk is rewritten in place. A reader gathers
+a batch's small rows from a memory map of the file at those chunks' addresses, one numpy gather
+whatever the number of chunks the rows touch. (Files whose small keys are gzip-compressed read
+through h5py; appending to one keeps its codec.)
 
 Episode-atomic writes use HDF5's single-writer/multiple-reader mode (SWMR): metadata reaches the
 file in an order that keeps it readable at every instant. An episode's rows are written and
@@ -190,7 +196,7 @@ class Hdf5Reader:
         self.num_episodes = len(self.episode_lengths)
         self.num_steps = int(self.episode_lengths.sum())
         self.index_token = None  # the index lives in the file: nothing to cache
-        self._chunks: dict[str, _FrameChunks | None] = {}
+        self._chunks: dict[str, _FrameChunks | _RowChunks | None] = {}
         self._chunks_lock = threading.Lock()
 
     def _check_columns(self) -> None:
@@ -239,23 +245,24 @@ class Hdf5Reader:
         dtype, shape = self.keys[key]
         if out is None:
             out = np.empty((len(rows), *shape), dtype=dtype)
+        chunks = self._chunk_index(key, dataset)
         if is_image(shape):
-            chunks = self._frame_chunks(key, dataset)
             self._guard(lambda: _read_each(dataset, rows, out, chunks))
         else:
-            self._guard(lambda: _read_by_chunk(dataset, rows, out))
+            self._guard(lambda: _read_small(dataset, rows, out, chunks))
         return out
 
     def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
         """Rows ``rows`` of several keys (one ``read_rows`` each)."""
         return {key: self.read_rows(key, rows) for key in keys}
 
-    def _frame_chunks(self, key: str, dataset) -> "_FrameChunks | None":
+    def _chunk_index(self, key: str, dataset) -> "_FrameChunks | _RowChunks | None":
         """``key``'s chunk index, built on its first read (once, whichever thread asks)."""
         with self._chunks_lock:
             if key not in self._chunks:
+                index = _FrameChunks if is_image(dataset.shape[1:]) else _RowChunks
                 self._chunks[key] = self._guard(
-                    lambda: _FrameChunks.of(self.path, dataset, self.num_steps)
+                    lambda: index.of(self.path, dataset, self.num_steps)
                 )
             return self._chunks[key]
 
@@ -282,7 +289,9 @@ class Hdf5Reader:
         """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         out = np.empty((len(rows), len(self.keys)), dtype=np.uint32)
-        self._guard(lambda: _read_by_chunk(self._file[CHECKSUM_COLUMN], rows, out))
+        dataset = self._file[CHECKSUM_COLUMN]
+        chunks = self._chunk_index(CHECKSUM_COLUMN, dataset)
+        self._guard(lambda: _read_small(dataset, rows, out, chunks))
         return out
 
     def close(self) -> None:
@@ -337,6 +346,67 @@ class _FrameChunks:
 
     def close(self) -> None:
         os.close(self.descriptor)
+
+
+class _RowChunks:
+    """Where each chunk of an uncompressed small key lies in a local file (a few hundred chunks
+    for a million rows, read once with ``chunk_iter``): a batch's rows are then one gather from a
+    read-only memory map of the file."""
+
+    def __init__(self, path: Path, chunk_rows: int, row_bytes: int, starts: np.ndarray):
+        self.chunk_rows, self.row_bytes, self.starts = chunk_rows, row_bytes, starts
+        self.file = np.memmap(path, np.uint8, "r")
+
+    @classmethod
+    def of(cls, path: Location, dataset, rows: int) -> "_RowChunks | None":
+        """The index of the chunks holding ``dataset``'s first ``rows`` rows; None where h5py
+        reads them instead: object storage, compressed or unchunked data, a byte order other
+        than this machine's, or a chunk never written."""
+        if (
+            loc.is_remote(path)
+            or not hasattr(dataset.id, "chunk_iter")
+            or dataset.chunks is None
+            or _filter_ids(dataset)
+            or not dataset.dtype.isnative
+            or rows == 0
+        ):
+            return None
+        chunk_rows = dataset.chunks[0]
+        starts = np.full(-(-rows // chunk_rows), -1, np.int64)
+
+        def visit(chunk) -> None:
+            number = chunk.chunk_offset[0] // chunk_rows
+            if number < len(starts):
+                starts[number] = chunk.byte_offset
+
+        dataset.id.chunk_iter(visit)
+        if (starts < 0).any():
+            return None
+        row_bytes = dataset.dtype.itemsize * int(np.prod(dataset.shape[1:]))
+        return cls(path, chunk_rows, row_bytes, starts)
+
+    def read(self, rows: np.ndarray, out: np.ndarray) -> None:
+        """Rows ``rows`` (all below the rows indexed) into ``out``, in that order."""
+        if not rows.size:
+            return
+        chunk, within = np.divmod(rows, self.chunk_rows)
+        first = self.starts[chunk] + within * self.row_bytes
+        if first.size and first.max() + self.row_bytes > len(self.file):
+            raise OSError("the file ends inside a chunk")
+        gathered = self.file[first[:, None] + np.arange(self.row_bytes)]
+        out.reshape(len(rows), -1).view(np.uint8)[:] = gathered
+
+    def close(self) -> None:
+        self.file = None  # the map closes with its last reference
+
+
+def _read_small(dataset, rows: np.ndarray, out: np.ndarray, chunks=None) -> None:
+    """Small rows into ``out``: through ``chunks`` where given (and ``out`` is one block of
+    memory), else through h5py chunk by chunk."""
+    if chunks is not None and out.flags.c_contiguous and out.dtype == dataset.dtype:
+        chunks.read(rows, out)
+    else:
+        _read_by_chunk(dataset, rows, out)
 
 
 def _read_by_chunk(dataset, rows: np.ndarray, out: np.ndarray) -> None:
@@ -497,7 +567,7 @@ class Hdf5Writer:
             # Frames: LZ4, one per chunk (written here, so no HDF5 plugin is needed to write).
             codec = {"compression": H5Z_LZ4, "allow_unknown_filter": True}
             if not is_image(shape):
-                codec = {"compression": "gzip", "compression_opts": 1}
+                codec = {}  # uncompressed: each chunk is rewritten in place (see the top)
             file.create_dataset(
                 name,
                 shape=(0, *shape),

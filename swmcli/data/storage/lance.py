@@ -12,8 +12,13 @@ columns; the swm metadata (schema, env id, ...) is JSON in the Arrow schema meta
 ``swm``, so plain ``lance``, ``lancedb`` and ``pyarrow`` read the dataset without swm.
 
 Each ``write_episode`` is one Lance commit, so an episode is on disk or not at all. Many small
-commits make many small fragments, which slow reads down; the writer compacts them every
-``COMPACT_EVERY`` episodes and on close.
+commits make many small fragments, which slow reads down; the writer merges them by tiers, so an
+append costs the same on a dataset of any size: ``MERGE_FAN_IN`` fragments of one tier (rows
+within a factor ``MERGE_FAN_IN``) that follow one another are merged into one, none reaching
+``_FRAGMENT_BYTES`` is merged again, and on close the fragments under ``_SMALL_BYTES`` are merged.
+Each row is rewritten about once per tier (a few times), and a dataset holds at most
+``MERGE_FAN_IN`` fragments per tier. The versions a merge supersedes are deleted at once, but
+for those a reader holds.
 
 On object storage (``s3://``) a commit writes the episode's data file, then the manifest that
 names it: a writer killed in between leaves an unreferenced file and the dataset at its last
@@ -35,7 +40,7 @@ import numpy as np
 from swmcli.data.storage import location as loc
 from swmcli.data.storage.checksums import CHECKSUM_COLUMN, row_checksums
 from swmcli.data.storage.location import Location, nbytes_under
-from swmcli.data.storage.lock import ReaderLock, no_readers
+from swmcli.data.storage.lock import ReaderLock, no_readers, pinned_versions
 from swmcli.data.storage.schema import (
     build_metadata,
     check_index,
@@ -50,7 +55,8 @@ from swmcli.data.storage.schema import (
 )
 from swmcli.errors import DatasetError, UsageError, first_line
 
-COMPACT_EVERY = 64
+# Fragments of one tier merged into one (a tier's sizes are within this factor).
+MERGE_FAN_IN = 8
 PIXEL_ENCODING = "raw uint8, one LZ4 frame per row"
 # Field metadata of an image column: the codec of its frames.
 CODEC = "swm:codec"
@@ -59,8 +65,10 @@ LZ4_FRAME = "lz4-frame"
 # plain LZ4's, 1.5x smaller on the benchmark frames and 3.5x on TwoRoom's, for 2-5x its encode time.
 _LZ4_LEVEL = 3
 _STORAGE_VERSION = "2.1"
-# Aim for fragments of about this many bytes when compacting (rows of 224x224 pixels: ~1,700).
+# Fragments of this many bytes (rows of 224x224 pixels: ~1,700) are merged no more; those under
+# _SMALL_BYTES are merged on close too.
 _FRAGMENT_BYTES = 256 * 2**20
+_SMALL_BYTES = 2**20
 _FOOTER = struct.Struct("<QQQII2H4s")  # the end of a Lance data file: see _check_footer
 # Frames (decoded bytes) per take: LZ4 frames are a small fraction of that in the take, so a
 # batch is one or two takes.
@@ -199,6 +207,8 @@ class LanceReader:
         self._lock = None if loc.is_remote(self.path) else ReaderLock(self.path)
         try:
             self._dataset = _open_dataset(self.path)
+            if self._lock is not None:
+                self._lock.pin(self._dataset.version)
             raw = (self._dataset.schema.metadata or {}).get(b"swm")
         except Exception as error:
             self.close()
@@ -457,7 +467,7 @@ def _lengths_from_ids(ids: np.ndarray, where: Location) -> np.ndarray:
 
 
 class LanceWriter:
-    """Appends whole episodes, one Lance commit each; compacts fragments as it goes."""
+    """Appends whole episodes, one Lance commit each; merges fragments by tiers as it goes."""
 
     format = "lance"
 
@@ -468,7 +478,7 @@ class LanceWriter:
         self._arrow = None
         self.num_episodes = 0
         self.num_steps = 0
-        self._uncompacted = 0
+        self._dataset = None  # the latest version this writer committed or opened
         if append:
             self._resume()
             if not loc.is_remote(self.path):
@@ -486,6 +496,7 @@ class LanceWriter:
         if self.num_steps:
             last = reader._take(np.array([self.num_steps - 1]), ["episode_idx"]).column(0)
             self.num_episodes = int(last[0].as_py()) + 1
+        self._dataset = reader._dataset
         reader.close()
 
     def write_episode(self, episode) -> int:
@@ -508,7 +519,7 @@ class LanceWriter:
             _to_arrow(row_checksums(episode, list(self.schema)), (len(self.schema),)),
         ]
         table = pa.Table.from_arrays(columns, schema=self._arrow)
-        lance.write_dataset(
+        self._dataset = lance.write_dataset(
             table,
             _uri(self.path),
             mode="append" if self._created() else "create",
@@ -517,55 +528,122 @@ class LanceWriter:
         )
         self.num_steps += length
         self.num_episodes += 1
-        self._uncompacted += 1
-        if self._uncompacted >= COMPACT_EVERY:
-            self.compact()
+        self.compact()
         return self.num_episodes - 1
 
     def compact(self, closing: bool = False) -> None:
-        """Merge small fragments (one commit), then delete superseded files: on a local disk if
-        no one reads, on object storage (no readers' lock there) only when the writer closes."""
-        self._uncompacted = 0
-        if not self._created():
+        """Merge what the tiers call for (one commit each), then delete superseded versions: on
+        a local disk all but those readers hold, on object storage (no readers' lock there) all
+        of them, only when the writer closes."""
+        if self._dataset is None:
             return
-        dataset = _open_dataset(self.path)
         row_bytes = sum(np.dtype(d).itemsize * int(np.prod(s)) for d, s in self.schema.values())
-        target = max(1024, _FRAGMENT_BYTES // max(row_bytes, 1))
-        if len(dataset.get_fragments()) > 1:
-            dataset.optimize.compact_files(target_rows_per_fragment=target)
+        merged = False
+        while group := _merge_group(
+            [fragment.metadata.physical_rows for fragment in self._dataset.get_fragments()],
+            small=max(1, _SMALL_BYTES // max(row_bytes, 1)),
+            large=max(1024, _FRAGMENT_BYTES // max(row_bytes, 1)),
+            closing=closing,
+        ):
+            self._merge(group)
+            merged = True
         if not loc.is_remote(self.path):
-            self._cleanup()
+            if merged or closing:
+                self._cleanup()
         elif closing:
-            # Old versions only hold files that compaction replaced: reclaim the space.
-            _open_dataset(self.path).cleanup_old_versions(older_than=timedelta(0))
+            self._dataset.cleanup_old_versions(older_than=timedelta(0))
+
+    def _merge(self, group: slice) -> None:
+        """Rewrite the fragments ``group`` as one (rows in order), in one commit."""
+        import lance
+
+        dataset = self._dataset
+        old = dataset.get_fragments()[group]
+        rows = dataset.scanner(
+            columns=self._arrow.names, fragments=old, scan_in_order=True
+        ).to_reader()
+        options = loc.lance_storage_options(self.path)
+        new = lance.fragment.write_fragments(
+            rows,
+            dataset,
+            schema=self._arrow,
+            max_rows_per_file=sum(fragment.metadata.physical_rows for fragment in old),
+            data_storage_version=_STORAGE_VERSION,
+            storage_options=options,
+        )
+        rewrite = lance.LanceOperation.RewriteGroup([f.metadata for f in old], new)
+        self._dataset = lance.LanceDataset.commit(
+            _uri(self.path),
+            lance.LanceOperation.Rewrite([rewrite], []),
+            read_version=dataset.version,
+            storage_options=options,
+        )
 
     def _cleanup(self) -> None:
-        """Delete old versions' files (only compaction's leftovers), unless a reader is open: its
-        version may still use them. Disk use is then bounded by the next compaction's cleanup."""
+        """Delete old versions and the files only they use, but for the versions readers hold
+        (their files stay), and nothing while a reader is opening the dataset."""
         hold = no_readers(self.path)
         if hold is None:
             return
         try:
-            # Under the writer lock no other process writes: an unreferenced file is what a killed
-            # writer left half-written, and goes too.
             dataset = _open_dataset(self.path)
-            dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+            held = pinned_versions(self.path)
+            if not held:
+                # Under the writer lock no other process writes: an unreferenced file is what a
+                # killed writer left half-written, and goes too.
+                dataset.cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+                return
+            old = [v["version"] for v in dataset.versions()]
+            old = [v for v in old if v not in held and v != dataset.version]
+            if old:
+                dataset.cleanup_old_versions(older_than=timedelta(0), versions=old)
         finally:
             hold.close()
 
     def _created(self) -> bool:
-        return loc.is_dir(loc.join(self.path, "_versions"))
+        return self._dataset is not None or loc.is_dir(loc.join(self.path, "_versions"))
 
     def close(self) -> None:
-        """Compact what is left and free superseded files."""
-        if self._uncompacted:
-            self.compact(closing=True)
+        """Merge the smallest fragments and free superseded files."""
+        self.compact(closing=True)
+        self._dataset = None
 
     def __enter__(self) -> "LanceWriter":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _merge_group(rows: list[int], small: int, large: int, closing: bool) -> slice | None:
+    """The trailing fragments to merge into one, of fragments of ``rows`` rows each (None: none).
+
+    A fragment's tier is ``floor(log(rows, MERGE_FAN_IN))``; one of ``large`` rows or more is
+    merged no more. The lowest tier first: the trailing run of fragments of that tier or lower
+    is merged once it holds ``MERGE_FAN_IN`` of that tier. On close, the trailing fragments under
+    ``small`` rows are merged too."""
+    tiers = [None if count >= large else _tier(count) for count in rows]
+    for tier in sorted({t for t in tiers if t is not None}):
+        run = _trailing(tiers, lambda t, tier=tier: t is not None and t <= tier)
+        if tiers[len(tiers) - run :].count(tier) >= MERGE_FAN_IN:
+            return slice(len(rows) - run, len(rows))
+    run = _trailing(rows, lambda count: count < small)
+    return slice(len(rows) - run, len(rows)) if closing and run >= 2 else None
+
+
+def _tier(rows: int) -> int:
+    tier = 0
+    while rows >= MERGE_FAN_IN ** (tier + 1):
+        tier += 1
+    return tier
+
+
+def _trailing(values: list, keep) -> int:
+    """How many of the last ``values`` in a row ``keep`` holds for."""
+    run = 0
+    while run < len(values) and keep(values[-1 - run]):
+        run += 1
+    return run
 
 
 def open_reader(path: Location) -> LanceReader:

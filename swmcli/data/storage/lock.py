@@ -4,9 +4,11 @@
 process writing it (and removed when it is done); it is taken before anything of ``NAME`` is
 touched, so a second writer is refused at once and told the first one's PID and command. The
 same lock serves datasets (``open_writer``) and run directories (``swm train``, ``swm eval``:
-``run_lock``). ``NAME/_swm_readers.lock``, inside a Lance dataset, is held shared by every process
-that has it open for reading; a Lance writer deletes superseded files only while it can take that
-lock exclusively, so it never deletes a file a reader's version still uses.
+``run_lock``). ``NAME/_swm_readers.lock``, inside a Lance dataset, is held shared by a reader
+while it opens the dataset; then the reader holds ``NAME/_swm_reading/VERSION.lock`` shared,
+for the version it opened, as long as it reads. A Lance writer deletes superseded versions only
+while it holds the readers' lock exclusively (no reader is opening), and never a version a reader
+holds: it never deletes a file a reader's version still uses, and the versions between go.
 
 ``flock`` locks belong to an open file and the kernel drops them when their process dies, so a
 killed writer or reader never leaves a lock behind. They are local: on object storage (``s3://``)
@@ -162,10 +164,13 @@ def _same_file(handle, path: Path) -> bool:
 
 
 class ReaderLock:
-    """A shared hold on a dataset for as long as a reader has it open."""
+    """A shared hold on a dataset while a reader opens it; ``pin`` then holds only the version it
+    opened, for as long as it reads."""
 
     def __init__(self, path: Path):
+        self._path = Path(path)
         self._handle = None
+        self._pinned = None  # the version file held, once pinned
         try:
             handle = _open_lock(_readers_lock_path(path))
         except OSError:
@@ -173,14 +178,46 @@ class ReaderLock:
         fcntl.flock(handle, fcntl.LOCK_SH)
         self._handle = handle
 
+    def pin(self, version: int) -> None:
+        """Hold ``version`` (shared) and let go of the whole dataset; where no version file can
+        be made, keep holding the whole dataset (a writer then deletes nothing)."""
+        if self._handle is None:
+            return
+        file = _reading_path(self._path) / f"{int(version)}.lock"
+        while True:
+            try:
+                pinned = _open_lock(file)  # held while reading
+            except OSError:
+                return
+            fcntl.flock(pinned, fcntl.LOCK_SH)
+            if _same_file(pinned, file):
+                break
+            pinned.close()  # the last reader of that version removed it meanwhile: a fresh one
+        self._handle.close()
+        self._handle, self._pinned = pinned, file
+
     def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        """Let go; the last reader of a pinned version removes its file (a reader leaves
+        nothing behind in the dataset)."""
+        if self._handle is None:
+            return
+        if self._pinned is not None:
+            try:
+                fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._pinned.unlink(missing_ok=True)
+            except BlockingIOError:
+                pass  # another reader holds this version
+        self._handle.close()
+        self._handle = self._pinned = None
+
+
+def _reading_path(path: Path) -> Path:
+    return Path(path) / "_swm_reading"
 
 
 def no_readers(path: Path):
-    """An exclusive hold on the readers' lock if no process is reading ``path``, else None.
+    """An exclusive hold on the readers' lock if no process is opening ``path`` (or reading it
+    through a swm that holds the whole dataset), else None.
 
     While it is held, a new reader waits (briefly) before opening the dataset.
     """
@@ -195,11 +232,32 @@ def no_readers(path: Path):
 
 def being_read(path: Path) -> bool:
     """True while a process holds the dataset at ``path`` open for reading (a local Lance
-    dataset: its readers share a lock in it, a streaming train's included)."""
+    dataset: its readers share a lock in it while they open it, then pin the version they
+    read; a streaming train's included)."""
     if not _readers_lock_path(path).is_file():
         return False
     hold = no_readers(path)
     if hold is None:
         return True
-    hold.close()
-    return False
+    try:
+        return bool(pinned_versions(path))
+    finally:
+        hold.close()
+
+
+def pinned_versions(path: Path) -> set[int]:
+    """The versions readers hold; the version files no one holds are removed. Call it under
+    ``no_readers`` (no reader pins a version meanwhile)."""
+    held = set()
+    folder = _reading_path(path)
+    for file in folder.iterdir() if folder.is_dir() else ():
+        if not file.stem.isdigit() or file.suffix != ".lock":
+            continue
+        with _open_lock(file) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.add(int(file.stem))
+                continue
+            file.unlink()
+    return held

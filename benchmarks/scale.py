@@ -1,0 +1,261 @@
+"""Cost per item as a dataset grows: the same short episodes at 1k, 10k, 100k (1M) episodes, per
+format, with every figure's ratio to the smallest size.
+
+    python benchmarks/scale.py                                     # 1k and 10k, every format
+    python benchmarks/scale.py --sizes 1000 10000 100000 --formats lance hdf5
+    python benchmarks/scale.py --formats                           # the ReplayBuffer rows only
+
+For each format and size, in fresh forked processes (this one imports the libraries, so that
+no figure includes an import, and never opens a dataset):
+
+- write: the episodes (``make_episode(i, length=10, res=8)`` of ``benchmarks/synth.py``) through
+  ``open_writer``, one ``write_episode`` each, then ``close``: ms per episode and the writer's
+  peak RSS;
+- append: ``open_writer`` on the finished dataset, one episode, ``close`` (what ``swm collect``
+  pays per episode on an existing dataset);
+- read: ``load_dataset`` (history 3) is the open time, ``make_loader`` (batch 64, 2 reader
+  threads) to its first batch the first-batch time, then clips/s over ``--batches`` batches,
+  then over as many again through a loader that skips the checksum checks (a row is checked the
+  first time a process reads it: the larger the dataset, the more of a run's reads are first
+  reads), and the reader's peak RSS;
+- bytes on disk per step.
+
+The appends and reads run in ``--rounds`` rounds, each over every size, so that the machine's
+load moves the sizes together; a figure is the median of the rounds (RSS: the largest).
+
+Then the ReplayBuffer (``--buffer-steps``): filled to capacity with the same episodes, the time of
+one ``add_episode`` (which evicts the oldest) and one ``sample(64)`` after it, what online training
+pays per collected episode, the median of ``--buffer-rounds``.
+
+A format's datasets are deleted before the next format. Compare ratios within one run (the
+machine's load moves every row), and run two checkouts one after the other on the same machine
+to compare them.
+"""
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from loader import Unchecked  # benchmarks/loader.py, beside this file
+from synth import make_episode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from swmcli.data.buffer import ReplayBuffer  # noqa: E402
+from swmcli.data.formats import open_writer  # noqa: E402
+from swmcli.data.storage.location import nbytes_under  # noqa: E402
+from swmcli.data.streaming import load_dataset, make_loader  # noqa: E402
+from swmcli.memory.measure import peak_rss_bytes, reset_peak_rss  # noqa: E402
+
+LENGTH, RESOLUTION, HISTORY_LEN, BATCH, WORKERS = 10, 8, 3, 64, 2
+SUFFIXES = {"lance": ".lance", "hdf5": ".h5", "folder": ""}
+
+
+def in_child(function, *args):
+    """``function(*args)`` in a forked child (fresh state, its own peak RSS); its result."""
+    receive, send = multiprocessing.get_context("fork").Pipe(duplex=False)
+
+    def child() -> None:
+        reset_peak_rss()
+        try:
+            send.send(function(*args))
+        except BaseException as error:  # reported, not hidden: the row shows it
+            send.send({"error": f"{type(error).__name__}: {error}"})
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    for wait in (1, 2, 4, 0):  # a shared machine can be out of processes for a moment
+        try:
+            process.start()
+            break
+        except BlockingIOError:
+            if not wait:
+                raise
+            time.sleep(wait)
+    send.close()
+    result = receive.recv()
+    process.join()
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    return result
+
+
+def import_readers_and_writers() -> None:
+    """What a process imports once whatever the dataset's size (``lance``, ``h5py``, PIL), here,
+    before any child forks: a child's figures are then the cost of the dataset, not of imports.
+    (Importing Lance is fork-safe; opening a dataset is not, and only children open them.)"""
+    import h5py  # noqa: F401
+    import lance  # noqa: F401
+    import PIL.Image  # noqa: F401
+
+    warnings.filterwarnings("ignore", message="lance is not fork-safe")
+
+
+def write(path: Path, fmt: str, episodes: int) -> dict:
+    start = time.perf_counter()
+    writer = open_writer(path, format=fmt, mode="overwrite")
+    for index in range(episodes):
+        writer.write_episode(make_episode(index, length=LENGTH, res=RESOLUTION))
+    writer.close()
+    seconds = time.perf_counter() - start
+    return {"write_ms": 1000 * seconds / episodes, "write_rss": peak_rss_bytes()}
+
+
+def append(path: Path, seed: int) -> dict:
+    episode = make_episode(seed, length=LENGTH, res=RESOLUTION)
+    start = time.perf_counter()
+    writer = open_writer(path, mode="append")
+    writer.write_episode(episode)
+    writer.close()
+    return {"append_s": time.perf_counter() - start}
+
+
+def read(path: Path, batches: int) -> dict:
+    start = time.perf_counter()
+    dataset = load_dataset(path, history_len=HISTORY_LEN)
+    opened = time.perf_counter()
+    batches_of = iter_batches(make_loader(dataset, batch_size=BATCH, num_workers=WORKERS, seed=0))
+    next(batches_of)
+    first = time.perf_counter()
+    checked = time_batches(batches_of, batches)
+    # The same loader without the checksum checks, whose cost falls on the rows a process reads
+    # for the first time (more of them the larger the dataset): the loader's own cost per clip.
+    dataset.__class__ = Unchecked
+    batches_of = iter_batches(make_loader(dataset, batch_size=BATCH, num_workers=WORKERS, seed=1))
+    next(batches_of)
+    unchecked = time_batches(batches_of, batches)
+    return {
+        "open_s": opened - start,
+        "first_batch_s": first - opened,
+        "clips_per_s": checked,
+        "unchecked_per_s": unchecked,
+        "read_rss": peak_rss_bytes(),
+    }
+
+
+def iter_batches(loader):
+    """The loader's batches, epoch after epoch."""
+    while True:
+        yield from loader
+
+
+def time_batches(batches_of, batches: int) -> float:
+    """Clips/s over the next ``batches`` batches."""
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(batches_of)
+    return batches * BATCH / (time.perf_counter() - start)
+
+
+def buffer_round(steps: int, rounds: int) -> dict:
+    episodes = [make_episode(seed, length=LENGTH, res=RESOLUTION) for seed in range(64)]
+    buffer = ReplayBuffer(max_steps=steps, history_len=HISTORY_LEN)
+    for index in range(steps // LENGTH):
+        buffer.add_episode(episodes[index % len(episodes)])
+    times = []
+    for index in range(rounds):
+        start = time.perf_counter()
+        buffer.add_episode(episodes[index % len(episodes)])
+        buffer.sample(BATCH)
+        times.append(time.perf_counter() - start)
+    return {"us": 1e6 * statistics.median(times), "rss": peak_rss_bytes() / 2**20}
+
+
+COLUMNS = [  # (key, heading, format)
+    ("write_ms", "write ms/ep", "{:.2f}"),
+    ("write_rss", "write RSS MB", "{:.0f}"),
+    ("append_s", "append s", "{:.3f}"),
+    ("open_s", "open s", "{:.3f}"),
+    ("first_batch_s", "1st batch s", "{:.3f}"),
+    ("clips_per_s", "clips/s", "{:.0f}"),
+    ("unchecked_per_s", "unchecked clips/s", "{:.0f}"),
+    ("read_rss", "read RSS MB", "{:.0f}"),
+    ("disk_per_step", "disk B/step", "{:.0f}"),
+]
+
+
+def measure(scratch: Path, fmt: str, sizes: list[int], args) -> dict[int, dict]:
+    """Every size's row: the writes one after the other, then the appends and reads in rounds,
+    each round over every size (the machine's load moves them together), medians of the rounds."""
+    paths = {size: scratch / f"data-{size}{SUFFIXES[fmt]}" for size in sizes}
+    rows = {size: in_child(write, paths[size], fmt, size) for size in sizes}
+    rounds = {size: [] for size in sizes}
+    for number in range(args.rounds):
+        for size in sizes:
+            measured = in_child(append, paths[size], size + number)
+            measured.update(in_child(read, paths[size], args.batches))
+            rounds[size].append(measured)
+    for size, row in rows.items():
+        for key in rounds[size][0]:
+            values = [measured[key] for measured in rounds[size]]
+            row[key] = max(values) if key == "read_rss" else statistics.median(values)
+        row["disk_per_step"] = nbytes_under(paths[size]) / ((size + args.rounds) * LENGTH)
+        for key in ("write_rss", "read_rss"):
+            row[key] /= 2**20
+        path = paths[size]
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return rows
+
+
+def print_row(fmt: str, size: int, row: dict, base: dict) -> None:
+    cells = []
+    for key, _, spec in COLUMNS:
+        cell = spec.format(row[key])
+        if base is not row:
+            cell += f" ({row[key] / base[key]:.2f}x)"
+        cells.append(cell)
+    print(f"| {fmt} | {size:,} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="episodes")
+    parser.add_argument("--formats", nargs="*", default=list(SUFFIXES), choices=list(SUFFIXES))
+    parser.add_argument("--batches", type=int, default=100, help="batches timed per read")
+    parser.add_argument("--rounds", type=int, default=3, help="appends and reads per size")
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
+    parser.add_argument(
+        "--buffer-steps", type=int, nargs="*", default=[10_000, 100_000, 1_000_000],
+        help="ReplayBuffer capacities (none: no buffer rows)",
+    )  # fmt: skip
+    parser.add_argument("--buffer-rounds", type=int, default=200, help="add + sample timed")
+    args = parser.parse_args()
+    import_readers_and_writers()
+    print(
+        f"episodes of {LENGTH} steps, {RESOLUTION}x{RESOLUTION} frames; history {HISTORY_LEN},"
+        f" batch {BATCH}, {WORKERS} reader threads; {os.cpu_count()} CPUs, load average"
+        f" {os.getloadavg()[0]:.1f}; swmcli from {ROOT}; (ratio to the smallest size)"
+    )
+    if args.formats:
+        print("| format | episodes | " + " | ".join(h for _, h, _ in COLUMNS) + " |")
+        print("| --- " * (len(COLUMNS) + 2) + "|")
+    scratch = Path(tempfile.mkdtemp(prefix="swm-scale-", dir=args.dir))
+    try:
+        for fmt in args.formats:
+            rows = measure(scratch, fmt, sorted(args.sizes), args)
+            base = rows[min(rows)]
+            for size, row in rows.items():
+                print_row(fmt, size, row, base)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    base = None
+    for steps in sorted(args.buffer_steps):
+        row = in_child(buffer_round, steps, args.buffer_rounds)
+        base = base or row
+        print(
+            f"buffer of {steps:,} steps: add_episode + sample({BATCH}) {row['us']:.0f} us"
+            f" ({row['us'] / base['us']:.2f}x), peak RSS {row['rss']:.0f} MB",
+            flush=True,
+        )
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
