@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swmcli.zoo.hf_vision import dinov2_small, imagenet_frames
-from swmcli.zoo.pldm import FeedForward
+from swmcli.zoo.jepa import FeedForward
 
 EXTRA_DIM = 10  # prejepa.yaml's wm.encoding: proprio 10, action 10
 

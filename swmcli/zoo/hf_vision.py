@@ -1,9 +1,11 @@
 """The image encoders of the published world models in Hugging Face transformers 5's module
 layout (its parameter names and shapes: a state dict of its ``ViTModel`` or ``Dinov2Model``
-loads as it is), built from their settings with random weights: nothing is downloaded.
+loads as it is), built from their settings with random weights, drawn as transformers draws them
+(weights and embeddings from a normal of std 0.02, truncated at +-2, biases 0): nothing is
+downloaded.
 
 - ``hf_vit``: ``ViTModel`` without its pooler or mask token, as stable-pretraining's ``vit_hf``
-  builds it (PLDM's and LeWM's encoder: ViT-tiny, patch 14 at 224 px).
+  builds it (PLDM's and LeWM's encoder: ViT-tiny, patch 14 at 224 px; LeWM's may be another size).
 - ``dinov2_small``: ``Dinov2Model`` in ``facebook/dinov2-small``'s settings (DINO-WM's frozen
   encoder): LayerScale, a mask token, position embeddings for 518 px, interpolated to the
   frame's patch grid on every call as ``interpolate_pos_encoding`` does.
@@ -107,13 +109,15 @@ class Embeddings(nn.Module):
 
     def __init__(self, dim: int, patch: int, image_size: int, mask_token: bool):
         super().__init__()
-        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         if mask_token:
             self.mask_token = nn.Parameter(torch.zeros(1, dim))
         self.patch_embeddings = PatchEmbeddings(dim, patch)
         grid = image_size // patch
-        self.position_embeddings = nn.Parameter(torch.randn(1, grid * grid + 1, dim) * 0.02)
+        self.position_embeddings = nn.Parameter(torch.zeros(1, grid * grid + 1, dim))
         self.grid = grid
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        nn.init.trunc_normal_(self.position_embeddings, std=0.02)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         patches = self.patch_embeddings(frames)
@@ -154,6 +158,10 @@ class ImageEncoder(nn.Module):
             self.layers = nn.ModuleList(layers)
         self.layernorm = nn.LayerNorm(dim, eps=eps)
         self.hidden_size, self.dinov2 = dim, dinov2
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Conv2d):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         """Frames ``(N, 3, H, W)`` -> the last hidden state ``(N, 1 + patches, dim)``."""
@@ -166,10 +174,12 @@ class ImageEncoder(nn.Module):
 VIT_SIZES = {"tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12)}
 
 
-def hf_vit(size: str = "tiny", patch_size: int = 14, image_size: int = 224) -> ImageEncoder:
+def hf_vit(size: str | tuple[int, int, int] = "tiny", patch_size: int = 14,
+           image_size: int = 224) -> ImageEncoder:  # fmt: skip
     """stable-pretraining's ``vit_hf(size, patch_size, image_size, pretrained=False,
-    use_mask_token=False)``: ``ViTModel`` without a pooler (LayerNorm eps 1e-12)."""
-    dim, depth, heads = VIT_SIZES[size]
+    use_mask_token=False)``: ``ViTModel`` without a pooler (LayerNorm eps 1e-12). ``size`` is
+    one of ``VIT_SIZES`` or its (width, layers, heads)."""
+    dim, depth, heads = VIT_SIZES[size] if isinstance(size, str) else size
     return ImageEncoder(ViTLayer, dim, depth, heads, patch_size, image_size, 1e-12, False)
 
 

@@ -3,12 +3,16 @@
 shapes are upstream's ``PLDM`` plus the inverse-dynamics head its training script trains beside it
 (``idm``).
 
-- ``encoder``: ViT-tiny at 224 px, patch 14 (stable-pretraining's ``vit_hf``), its CLS token;
-- ``projector``: an MLP of hidden width 2048 with BatchNorm1d, the CLS token -> the latent (192);
-- ``action_encoder``: a 1x1 Conv1d over the action block (frameskip x action_dim), then an MLP
-  to 192;
-- ``predictor``: 6 AdaLN-zero transformer blocks (16 heads of 64, MLP 2048, dropout 0.1) over
-  the history's latents, conditioned on their action embeddings, causal in time;
+LeWM's modules (``lewm.py``), shared in ``jepa.py``, with another loss:
+
+- ``encoder``: ViT-tiny at 224 px, patch 14 (stable-pretraining's ``vit_hf``, ``hf_vision``'s
+  ``hf_vit``), its CLS token;
+- ``projector``: ``jepa.MLP`` of hidden width 2048 with BatchNorm1d (each rank's batch under data
+  parallelism, as upstream: so is VCReg's), the CLS token -> the latent (192);
+- ``action_encoder``: ``jepa.ActionEmbedder``, a 1x1 Conv1d over the action block
+  (frameskip x action_dim), then an MLP to 192;
+- ``predictor``: ``jepa.Predictor``, 6 AdaLN-zero transformer blocks (16 heads of 64, MLP 2048,
+  dropout 0.1) over the history's latents, conditioned on their action embeddings, causal in time;
 - ``pred_proj``: the prediction's MLP, as the projector;
 - ``idm``: an MLP (hidden 512, LayerNorm) from two consecutive latents to the action block between
   them (its loss weighs 0 in ``pldm.yaml``, and it runs all the same).
@@ -23,127 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from swmcli.zoo.hf_vision import hf_vit, imagenet_frames
+from swmcli.zoo.jepa import MLP, ActionEmbedder, Predictor
 
 WEIGHTS = {"temp_align": 0.2, "std": 18.0, "std_t": 0.7, "cov": 12.0, "cov_t": 0.0, "idm": 0.0}
 VAR_EPS = 1e-4
-
-
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale) + shift
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int, dropout: float):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.LayerNorm(dim),
-            nn.Linear(dim, hidden),
-            nn.GELU(),
-            nn.Dropout(dropout),
-            nn.Linear(hidden, dim),
-            nn.Dropout(dropout),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class Attention(nn.Module):
-    """Pre-norm multi-head attention, causal in time."""
-
-    def __init__(self, dim: int, heads: int, dim_head: int, dropout: float):
-        super().__init__()
-        self.heads, self.dropout = heads, dropout
-        self.norm = nn.LayerNorm(dim)
-        self.to_qkv = nn.Linear(dim, 3 * heads * dim_head, bias=False)
-        self.to_out = nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(dropout))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = (t.unflatten(-1, (self.heads, -1)).transpose(1, 2)
-                   for t in self.to_qkv(self.norm(x)).chunk(3, dim=-1))  # fmt: skip
-        drop = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
-        return self.to_out(out.transpose(1, 2).flatten(2))
-
-
-class ConditionalBlock(nn.Module):
-    """A transformer block modulated by the condition (AdaLN-zero)."""
-
-    def __init__(self, dim: int, heads: int, dim_head: int, mlp_dim: int, dropout: float):
-        super().__init__()
-        self.attn = Attention(dim, heads, dim_head, dropout)
-        self.mlp = FeedForward(dim, mlp_dim, dropout)
-        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
-        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
-        nn.init.zeros_(self.adaLN_modulation[-1].weight)
-        nn.init.zeros_(self.adaLN_modulation[-1].bias)
-
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN_modulation(c).chunk(6, dim=-1)
-        x = x + gate1 * self.attn(modulate(self.norm1(x), shift1, scale1))
-        return x + gate2 * self.mlp(modulate(self.norm2(x), shift2, scale2))
-
-
-class Transformer(nn.Module):
-    def __init__(self, dim: int, depth: int, heads: int, dim_head: int, mlp_dim: int,
-                 dropout: float):  # fmt: skip
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.layers = nn.ModuleList(
-            ConditionalBlock(dim, heads, dim_head, mlp_dim, dropout) for _ in range(depth)
-        )
-
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        for block in self.layers:
-            x = block(x, c)
-        return self.norm(x)
-
-
-class Predictor(nn.Module):
-    """Latents ``(B, T, D)`` and their action embeddings ``(B, T, D)`` -> the next latents."""
-
-    def __init__(self, num_frames: int, dim: int, depth: int = 6, heads: int = 16,
-                 dim_head: int = 64, mlp_dim: int = 2048, dropout: float = 0.1):  # fmt: skip
-        super().__init__()
-        self.num_frames = num_frames
-        self.pos_embedding = nn.Parameter(torch.randn(1, num_frames, dim))
-        self.transformer = Transformer(dim, depth, heads, dim_head, mlp_dim, dropout)
-
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        return self.transformer(x + self.pos_embedding[:, : x.shape[1]], c)
-
-
-class Embedder(nn.Module):
-    """An action block ``(B, T, A)`` -> ``(B, T, emb_dim)``: a 1x1 Conv1d, then an MLP."""
-
-    def __init__(self, input_dim: int, emb_dim: int, smoothed_dim: int = 10, mlp_scale: int = 4):
-        super().__init__()
-        self.patch_embed = nn.Conv1d(input_dim, smoothed_dim, kernel_size=1)
-        self.embed = nn.Sequential(
-            nn.Linear(smoothed_dim, mlp_scale * emb_dim),
-            nn.SiLU(),
-            nn.Linear(mlp_scale * emb_dim, emb_dim),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.embed(self.patch_embed(x.float().transpose(1, 2)).transpose(1, 2))
-
-
-class MLP(nn.Module):
-    """Linear, norm, GELU, linear."""
-
-    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, norm=nn.BatchNorm1d):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(input_dim, hidden_dim),
-            norm(hidden_dim),
-            nn.GELU(),
-            nn.Linear(hidden_dim, output_dim),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
 
 
 def _std_loss(z: torch.Tensor) -> torch.Tensor:
@@ -179,7 +66,7 @@ class PLDM(nn.Module):
         super().__init__()
         self.encoder = hf_vit("tiny", 14, resolution)
         self.predictor = Predictor(num_frames, dim)
-        self.action_encoder = Embedder(action_block, dim)
+        self.action_encoder = ActionEmbedder(action_block, dim)
         self.projector = MLP(self.encoder.hidden_size, hidden, dim)
         self.pred_proj = MLP(dim, hidden, dim)
         self.idm = MLP(2 * dim, idm_hidden, action_block, norm=nn.LayerNorm)
