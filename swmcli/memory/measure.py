@@ -54,14 +54,19 @@ _COMPOSITE: dict = {}
 
 
 def _is_composite(func) -> bool:
-    """Whether torch implements ``func`` by composing other operators (cached per operator)."""
+    """Whether torch implements ``func`` only by composing other operators (cached per
+    operator)."""
     import torch
 
     found = _COMPOSITE.get(func)
     if found is None:
-        found = torch._C._dispatch_has_kernel_for_dispatch_key(
-            func.name(), torch._C.DispatchKey.CompositeImplicitAutograd
-        )
+        keys = torch._C.DispatchKey
+
+        def has(key) -> bool:
+            return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
+
+        # Only composed: an operator with a kernel of its own as well (silu_backward) runs it.
+        found = has(keys.CompositeImplicitAutograd) and not (has(keys.CPU) or has(keys.Meta))
         _COMPOSITE[func] = found
     return found
 

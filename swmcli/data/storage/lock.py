@@ -205,8 +205,9 @@ class ReaderLock:
             try:
                 fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 self._pinned.unlink(missing_ok=True)
-            except BlockingIOError:
-                pass  # another reader holds this version
+                self._pinned.parent.rmdir()  # the last reader of any version: no folder left
+            except OSError:  # BlockingIOError: another reader holds this version (or another)
+                pass
         self._handle.close()
         self._handle = self._pinned = None
 
