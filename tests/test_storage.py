@@ -575,3 +575,21 @@ def test_hdf5_short_episodes_leave_no_dead_space(tmp_path):
     reader = open_reader(path)
     assert_same_episode(reader.read_episode(69), make_episode(69, 2, resolution=8))
     reader.close()
+
+
+def test_hdf5_checks_the_last_episodes_index_on_open_and_each_other_when_it_is_read(tmp_path):
+    """Opening reads no row of the episodes before the last: a damaged episode_idx there is
+    found when that episode is read whole (``swm info --verify`` reads every one)."""
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(seed, 3, resolution=8) for seed in range(3)])
+    with h5py.File(path, "r+") as file:
+        file["episode_idx"][4] = 2  # episode 1's second row
+    reader = open_reader(path)
+    assert reader.num_episodes == 3 and len(reader.read_episode(2)["pixels"]) == 3
+    with pytest.raises(DatasetError, match="episode_idx does not match"):
+        reader.read_episode(1)
+    reader.close()
+    with h5py.File(path, "r+") as file:
+        file["step_idx"][7] = 5  # the last episode's second row
+    with pytest.raises(DatasetError, match="step_idx does not count"):
+        open_reader(path)
