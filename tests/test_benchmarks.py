@@ -85,6 +85,16 @@ def test_scale_benchmark_prints_each_size_with_its_ratio(tmp_path):
     assert list(tmp_path.iterdir()) == []  # every dataset deleted
 
 
+def test_write_throughput_benchmark_prints_each_format_and_kind(tmp_path):
+    """benchmarks/write_throughput.py at a toy size, one format: two writes, one process each."""
+    out = _run(
+        "write_throughput.py", "--episodes", "1", "--length", "2", "--res", "16", "--rounds", "1",
+        "--formats", "lance", "--dir", str(tmp_path),
+    )  # fmt: skip
+    assert "| lance | noise |" in out and "| lance | synthetic |" in out
+    assert list(tmp_path.iterdir()) == []  # every dataset deleted
+
+
 def test_buffer_benchmark_prints_every_row_against_its_numpy_baseline():
     out = _run("buffer.py", "--resolutions", "32", "--max-steps", "2000")
     for row in ("add (ring full, evicting)", "add_episode", "sample(64, out=)", "naive"):

@@ -154,26 +154,34 @@ def test_lance_is_readable_without_swm(tmp_path):
 
     path = tmp_path / "db" / "episodes.lance"
     episodes = [make_episode(seed, 5) for seed in range(3)]
+    for episode in episodes[1:]:  # random pixels, which LZ4 cannot shrink, stored raw
+        episode["pixels"] = episode["pixels"] // 64 * 64  # four levels: LZ4 frames
     write(path, episodes)
     dataset = lance.dataset(str(path))
     table = dataset.to_table()
     assert table.num_rows == 15
     assert table.column("episode_idx").to_pylist() == [0] * 5 + [1] * 5 + [2] * 5
     dtype, shape = json.loads(dataset.schema.metadata[b"swm"])["keys"]["pixels"]
-    assert dataset.schema.field("pixels").metadata[b"swm:codec"] == b"lz4-frame"
+    assert dataset.schema.field("pixels").metadata[b"swm:codec"] == b"raw"  # by episode 0
     value = table.column("pixels")[7].as_py()
+    assert np.array_equal(np.frombuffer(value, dtype).reshape(shape), episodes[1]["pixels"][2])
+
+    write(path, episodes[1:], mode="overwrite")
+    dataset = lance.dataset(str(path))
+    assert dataset.schema.field("pixels").metadata[b"swm:codec"] == b"lz4-frame"
+    value = dataset.to_table().column("pixels")[2].as_py()
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
     frame = np.frombuffer(pa.Codec("lz4").decompress(value, size), dtype).reshape(shape)
     assert np.array_equal(frame, episodes[1]["pixels"][2])
     assert value[:4] == bytes.fromhex("04224d18")  # the LZ4 frame format's magic number
-    assert lancedb.connect(tmp_path / "db").open_table("episodes").count_rows() == 15
+    assert lancedb.connect(tmp_path / "db").open_table("episodes").count_rows() == 10
 
 
 def test_lance_frames_in_a_codec_this_swm_does_not_know_are_refused_at_open(tmp_path, monkeypatch):
     from swmcli.data.storage import lance as lance_store
 
     path = tmp_path / "new.lance"
-    monkeypatch.setattr(lance_store, "LZ4_FRAME", "brotli-frame")  # as a newer swm might write
+    monkeypatch.setattr(lance_store, "choose_codec", lambda frames: "brotli-frame")  # a newer swm
     write(path, [make_episode(0, 3)])
     monkeypatch.undo()
     with pytest.raises(DatasetError, match=r"codec this swm does not read.*brotli-frame") as caught:
@@ -567,3 +575,21 @@ def test_hdf5_short_episodes_leave_no_dead_space(tmp_path):
     reader = open_reader(path)
     assert_same_episode(reader.read_episode(69), make_episode(69, 2, resolution=8))
     reader.close()
+
+
+def test_hdf5_checks_the_last_episodes_index_on_open_and_each_other_when_it_is_read(tmp_path):
+    """Opening reads no row of the episodes before the last: a damaged episode_idx there is
+    found when that episode is read whole (``swm info --verify`` reads every one)."""
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(seed, 3, resolution=8) for seed in range(3)])
+    with h5py.File(path, "r+") as file:
+        file["episode_idx"][4] = 2  # episode 1's second row
+    reader = open_reader(path)
+    assert reader.num_episodes == 3 and len(reader.read_episode(2)["pixels"]) == 3
+    with pytest.raises(DatasetError, match="episode_idx does not match"):
+        reader.read_episode(1)
+    reader.close()
+    with h5py.File(path, "r+") as file:
+        file["step_idx"][7] = 5  # the last episode's second row
+    with pytest.raises(DatasetError, match="step_idx does not count"):
+        open_reader(path)

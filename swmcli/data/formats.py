@@ -25,7 +25,7 @@ from swmcli.data.foreign.reader import open_reader as open_foreign
 from swmcli.data.mapping import MappedReader
 from swmcli.data.storage import folder, hdf5, lance
 from swmcli.data.storage import location as loc
-from swmcli.data.storage.containment import check_tree
+from swmcli.data.storage.containment import check_part, check_tree
 from swmcli.data.storage.location import Location, as_location
 from swmcli.data.storage.lock import WriterLock
 from swmcli.data.storage.schema import FOLDER_METADATA, Reader, Writer
@@ -36,6 +36,9 @@ FORMATS = ("lance", "hdf5", "folder")
 MODES = ("append", "overwrite", "error")
 _SUFFIXES = {".lance": "lance", ".h5": "hdf5", ".hdf5": "hdf5"}
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+# What is read by name from a swm folder's root before any episode: its metadata and index, and
+# what detecting another tool's layout reads (LeRobot's meta/info.json).
+_READ_BY_NAME = (FOLDER_METADATA, folder.INDEX, "meta")
 
 
 def detect(path: str | Path) -> str:
@@ -47,10 +50,16 @@ def detect(path: str | Path) -> str:
         raise MissingPathError(
             f"no dataset at {path}", hint="check the path (collect one with `swm collect`)"
         )
-    # Before any of its files is read: no link leads out of it. A swm folder's episodes are
-    # checked by its reader, each before it is read, so opening one walks none of them.
+    # Before any of its files is read: no link leads out of it. A swm folder's root holds one
+    # entry per episode, so it is not listed: the entries read by name are checked here, and
+    # each episode by its reader before its first read.
     swm_folder = path.is_dir() and (path / FOLDER_METADATA).is_file()
-    check_tree(path, skip=folder.is_episode_name if swm_folder else None)
+    if swm_folder:
+        for name in _READ_BY_NAME:
+            if (path / name).is_symlink() or (path / name).exists():
+                check_part(path, path / name)
+    else:
+        check_tree(path)
     if foreign_format := detect_foreign(path):  # another tool's layout (bring your data)
         if swm_folder:
             check_tree(path)
@@ -245,6 +254,9 @@ def _holds_no_episode(path: Path) -> bool:
     if path.is_file():
         return path.stat().st_size == 0 and path.suffix.lower() in (".h5", ".hdf5")
     if not path.is_dir():
+        return False
+    first = path / "episode_000000"  # a folder dataset's first episode: not listed past it
+    if first.is_dir() and any(first.iterdir()):
         return False
     entries = list(path.iterdir())
     lance = {"data": ".lance", "_transactions": ".txn", "_swm_reading": ".lock"}

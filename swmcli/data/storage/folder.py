@@ -62,11 +62,6 @@ def _is_png_key(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
     return np.dtype(dtype) == np.uint8 and is_image(shape) and _png_mode(shape)
 
 
-def is_episode_name(name: str) -> bool:
-    """True for the name of an episode's directory."""
-    return _EPISODE.match(name) is not None
-
-
 def _episode_dir(path: Path, index: int) -> Path:
     return path / f"episode_{index:06d}"
 
@@ -297,10 +292,13 @@ class FolderWriter:
             size = index.stat().st_size if index.is_file() else None
             if size != _INDEX_DTYPE.itemsize * self.num_episodes:  # missing, short or torn
                 self._write_index(reader.episode_lengths)
-        # Half-written episodes of a killed writer: never committed, safe to drop.
-        if self.path.is_dir():
-            for stale in self.path.glob(".tmp_episode_*"):
-                shutil.rmtree(stale, ignore_errors=True)
+        # The half-written episode of a killed writer (the next one's staging: its episodes
+        # after the last committed were never begun): never committed, safe to drop.
+        shutil.rmtree(self._staging(self.num_episodes), ignore_errors=True)
+
+    def _staging(self, index: int) -> Path:
+        """Where episode ``index`` is written before its rename into place."""
+        return self.path / f".tmp_{_episode_dir(self.path, index).name}"
 
     def _write_index(self, lengths: np.ndarray) -> None:
         """The whole index, replaced at once (a folder without one, or one that lacks episodes)."""
@@ -324,8 +322,7 @@ class FolderWriter:
             self._create(episode)
         check_schema(self.schema, episode, self.path)
         length = len(next(iter(episode.values())))
-        name = f"episode_{self.num_episodes:06d}"
-        staging = self.path / f".tmp_{name}"
+        staging = self._staging(self.num_episodes)
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         arrays = {
@@ -345,7 +342,7 @@ class FolderWriter:
                 image.save(staging / key / f"{step:06d}.png", compress_level=1)
         np.savez(staging / ARRAYS, **arrays)
         # A killed process loses no written bytes (the kernel holds them): the rename suffices.
-        os.rename(staging, self.path / name)
+        os.rename(staging, _episode_dir(self.path, self.num_episodes))
         with open(self.path / INDEX, "ab") as index:  # one write: the entry is whole or absent
             index.write(np.array([length], _INDEX_DTYPE).tobytes())
         self.num_steps += length

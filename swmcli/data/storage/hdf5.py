@@ -188,12 +188,13 @@ class Hdf5Reader:
             check_hdf5(self._file, self.path)
             self._check_columns()
             self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
-            self._check_index()
+            self.episode_offsets = offsets_from_lengths(self.episode_lengths)
+            self.num_episodes = len(self.episode_lengths)
+            self._check_offsets()
+            self._check_index(self.num_episodes - 1)
         except BaseException:
             self._file.close()
             raise
-        self.episode_offsets = offsets_from_lengths(self.episode_lengths)
-        self.num_episodes = len(self.episode_lengths)
         self.num_steps = int(self.episode_lengths.sum())
         self.index_token = None  # the index lives in the file: nothing to cache
         self._chunks: dict[str, _FrameChunks | _RowChunks | None] = {}
@@ -212,15 +213,25 @@ class Hdf5Reader:
         }
         check_stored_schema(self.path, stored, index)
 
-    def _check_index(self) -> None:
-        rows = int(self.episode_lengths.sum())
-        episodes = len(self.episode_lengths)
+    def _check_offsets(self) -> None:
+        episodes = self.num_episodes
         offsets = self._guard(lambda: self._file["episode_offsets"][:episodes]) if episodes else []
-        if np.any(np.asarray(offsets) != offsets_from_lengths(self.episode_lengths)):
+        if np.any(np.asarray(offsets) != self.episode_offsets):
             raise DatasetError(f"{self.path}: episode_offsets do not match", _DAMAGED_HINT)
-        ids = self._guard(lambda: self._file["episode_idx"][:rows]) if rows else []
-        steps = self._guard(lambda: self._file["step_idx"][:rows]) if rows else []
-        check_index(self.episode_lengths, ids, steps, self.path, _DAMAGED_HINT)
+
+    def _check_index(self, index: int) -> None:
+        """Episode ``index``'s rows carry its episode_idx and step_idx (a damaged index is an
+        error). Checked for the last episode on open (where a killed writer stops), and for each
+        episode read whole (``swm info --verify`` reads every one): opening reads no row of the
+        others, so it costs the same at any size."""
+        if index < 0:
+            return
+        start = int(self.episode_offsets[index])
+        stop = start + int(self.episode_lengths[index])
+        ids = self._guard(lambda: self._file["episode_idx"][start:stop])
+        steps = self._guard(lambda: self._file["step_idx"][start:stop])
+        lengths = self.episode_lengths[index : index + 1]
+        check_index(lengths, ids - index, steps, self.path, _DAMAGED_HINT)
 
     @property
     def nbytes_on_disk(self) -> int:
@@ -269,6 +280,7 @@ class Hdf5Reader:
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         """Episode ``index`` as ``{key: (length, ...)}`` (all keys unless ``keys`` is given)."""
         keys = check_keys(self.keys, keys, self.path)
+        self._check_index(index)
         start = int(self.episode_offsets[index])
         stop = start + int(self.episode_lengths[index])
         episode = {}

@@ -3,9 +3,12 @@
 Images (rows with two or more dimensions) go in a ``large_binary`` column, one value per frame:
 its raw bytes as one standard LZ4 frame (the ``lz4`` command's format, high-compression mode),
 with Lance's own compression off for that column (``swm:codec = lz4-frame`` in the field's
-metadata). Lance's zstd over raw frames would cost ~50 ms of CPU per batch of 256 frames at
-224x224, nearly all of it in Lance's take; LZ4 frames cost ~17 ms, take and decoding together,
-for 1.35x the bytes on disk on the benchmark frames. Plain readers decode a frame with
+metadata). A column whose first episode's frames LZ4 shrinks by less than ``RAW_BELOW``
+(noise, camera sensor data) stores its frames' raw bytes instead (``swm:codec = raw``): LZ4's
+high-compression mode costs its encode time whatever it saves. Lance's zstd over raw frames
+would cost ~50 ms of CPU per batch of 256 frames at 224x224, nearly all of it in Lance's take;
+LZ4 frames cost ~17 ms, take and decoding together, for 1.35x the bytes on disk on the benchmark
+frames. Plain readers decode a frame with
 ``pyarrow.Codec("lz4").decompress(value, nbytes)`` (or ``lz4.frame.decompress``) and reshape it
 by the ``keys`` entry of the swm metadata. Vectors are ``fixed_size_list`` columns, scalars plain
 columns; the swm metadata (schema, env id, ...) is JSON in the Arrow schema metadata under
@@ -57,10 +60,15 @@ from swmcli.errors import DatasetError, UsageError, first_line
 
 # Fragments of one tier merged into one (a tier's sizes are within this factor).
 MERGE_FAN_IN = 8
-PIXEL_ENCODING = "raw uint8, one LZ4 frame per row"
+PIXEL_ENCODING = "raw uint8, one LZ4 frame per row (raw bytes where the column's swm:codec is raw)"
 # Field metadata of an image column: the codec of its frames.
 CODEC = "swm:codec"
 LZ4_FRAME = "lz4-frame"
+RAW = "raw"
+# An image column whose first episode's frames LZ4 leaves above this fraction of their bytes is
+# stored raw (choose_codec).
+RAW_BELOW = 0.9
+_CODEC_SAMPLE = 8
 # LZ4's high-compression mode at its cheapest level: frames decode as fast as (or faster than)
 # plain LZ4's, 1.5x smaller on the benchmark frames and 3.5x on TwoRoom's, for 2-5x its encode time.
 _LZ4_LEVEL = 3
@@ -111,13 +119,13 @@ def _check_column_names(schema) -> None:
         )
 
 
-def _arrow_schema(schema, metadata: dict):
+def _arrow_schema(schema, metadata: dict, codecs: dict[str, str] | None = None):
     import pyarrow as pa
 
     fields = [pa.field("episode_idx", pa.int64()), pa.field("step_idx", pa.int32())]
     for key, (dtype, shape) in schema.items():
         if is_image(shape):
-            fields.append(_image_field(key))
+            fields.append(_image_field(key, (codecs or {}).get(key, LZ4_FRAME)))
         elif shape:
             item = pa.from_numpy_dtype(dtype)
             fields.append(pa.field(key, pa.list_(item, int(np.prod(shape)))))
@@ -127,23 +135,36 @@ def _arrow_schema(schema, metadata: dict):
     return pa.schema(fields, metadata={"swm": json.dumps(metadata)})
 
 
-def _image_field(key: str):
-    """An image column: LZ4 frames that Lance stores as they are. Lance keeps the ``swm:codec``
-    entry in the dataset's schema but not its own ``lance-encoding`` hint, so an appending writer
-    sets the hint again."""
+def _image_field(key: str, codec: str = LZ4_FRAME):
+    """An image column: frames in ``codec`` that Lance stores as they are. Lance keeps the
+    ``swm:codec`` entry in the dataset's schema but not its own ``lance-encoding`` hint, so an
+    appending writer sets the hint again."""
     import pyarrow as pa
 
-    hints = {"lance-encoding:compression": "none", CODEC: LZ4_FRAME}
+    hints = {"lance-encoding:compression": "none", CODEC: codec}
     return pa.field(key, pa.large_binary(), metadata=hints)
 
 
-def _to_arrow(values: np.ndarray, shape: tuple[int, ...]):
+def choose_codec(frames: np.ndarray) -> str:
+    """LZ4_FRAME for frames LZ4 shrinks below ``RAW_BELOW`` of their bytes, else RAW (judged
+    on ``_CODEC_SAMPLE`` frames spread over ``frames``: the choice costs a few frames' encode)."""
+    picked = np.unique(np.linspace(0, len(frames) - 1, _CODEC_SAMPLE).astype(np.int64))
+    flat = np.ascontiguousarray(frames[picked]).reshape(len(picked), -1).view(np.uint8)
+    packed = sum(len(_lz4().compress(frame, asbytes=True)) for frame in flat)
+    return LZ4_FRAME if packed < RAW_BELOW * flat.nbytes else RAW
+
+
+def _to_arrow(values: np.ndarray, shape: tuple[int, ...], codec: str = LZ4_FRAME):
     import pyarrow as pa
 
     rows = len(values)
     values = np.ascontiguousarray(values)
     if is_image(shape):
         frames = values.reshape(rows, -1).view(np.uint8)
+        if codec == RAW:  # one value per frame over the frames' own bytes: no copy
+            offsets = np.arange(rows + 1, dtype=np.int64) * frames.shape[1]
+            buffers = [None, pa.py_buffer(offsets), pa.py_buffer(frames)]
+            return pa.Array.from_buffers(pa.large_binary(), rows, buffers)
         encoded = [_lz4().compress(frame, asbytes=True) for frame in frames]
         return pa.array(encoded, pa.large_binary())
     if shape:
@@ -164,30 +185,31 @@ def _codec_of(field) -> str | None:
     return None if codec is None else codec.decode()
 
 
-def _from_arrow(column, dtype: np.dtype, shape: tuple[int, ...]):
+def _from_arrow(column, dtype: np.dtype, shape: tuple[int, ...], codec: str | None = None):
     """Arrow column -> ``(rows, *shape)`` array of ``dtype`` (copies only what Arrow must)."""
     array = column.combine_chunks() if hasattr(column, "combine_chunks") else column
     rows = len(array)
     if is_image(shape):
         out = np.empty((rows, *shape), dtype)
-        _decode_frames(array, out, np.arange(rows))
+        _decode_frames(array, out, np.arange(rows), codec)
         return out
     if shape:
         return array.flatten().to_numpy(zero_copy_only=False).astype(dtype).reshape(rows, *shape)
     return array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
-def _decode_frames(array, out: np.ndarray, positions: np.ndarray) -> None:
-    """Value ``i`` of ``array`` (LZ4 frames) decoded into ``out[positions[i]]``."""
+def _decode_frames(array, out: np.ndarray, positions: np.ndarray, codec: str) -> None:
+    """Value ``i`` of ``array`` (frames in ``codec``) decoded into ``out[positions[i]]``."""
     flat = out.reshape(len(out), -1).view(np.uint8)
     nbytes = flat.shape[1]
     first = array.offset
     offsets = np.frombuffer(array.buffers()[1], np.int64)[first : first + len(array) + 1].tolist()
     data = array.buffers()[2]
-    codec = _lz4()
+    lz4 = _lz4()
     for index, position in enumerate(positions.tolist()):
         start, stop = offsets[index], offsets[index + 1]
-        frame = codec.decompress(data.slice(start, stop - start), nbytes)
+        value = data.slice(start, stop - start)
+        frame = value if codec == RAW else lz4.decompress(value, nbytes)
         if frame.size != nbytes:
             raise ValueError(f"a frame decodes to {frame.size} bytes, not {nbytes}")
         flat[position] = np.frombuffer(frame, np.uint8)
@@ -237,13 +259,14 @@ class LanceReader:
                 "dataset was not written by swm, or its schema is damaged",
                 hint="restore the dataset from a copy or collect it again",
             )
-        unknown = {k: c for k, c in codecs.items() if c != LZ4_FRAME}
+        unknown = {k: c for k, c in codecs.items() if c not in (LZ4_FRAME, RAW)}
         if unknown:
             self.close()
             raise DatasetError(
                 f"{self.path} stores frames in a codec this swm does not read: {unknown}",
                 hint="upgrade swmcli (pip install -U swmcli)",
             )
+        self._codecs = codecs
         self._check_files()
         self.num_steps = self._dataset.count_rows()
         self._lengths: np.ndarray | None = None
@@ -319,7 +342,7 @@ class LanceReader:
 
     def _decode(self, key: str, column) -> np.ndarray:
         """``key``'s column as numpy; one whose sizes disagree with the schema is damage."""
-        return self._guard(lambda: _from_arrow(column, *self.keys[key]))
+        return self._guard(lambda: _from_arrow(column, *self.keys[key], self._codecs.get(key)))
 
     def read_rows(self, key: str, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``rows`` (global, any order, repeats allowed) of ``key``, in that order (into
@@ -343,7 +366,8 @@ class LanceReader:
             done = 0
             for chunk in self._take(rows[positions], [key]).column(0).chunks:
                 into = positions[done : done + len(chunk)]
-                self._guard(lambda c=chunk, i=into: _decode_frames(c, out, i))
+                codec = self._codecs[key]
+                self._guard(lambda c=chunk, i=into, k=codec: _decode_frames(c, out, i, k))
                 done += len(chunk)
         return out
 
@@ -476,6 +500,7 @@ class LanceWriter:
         self._user_metadata = metadata
         self.schema = None
         self._arrow = None
+        self._codecs: dict[str, str] = {}  # image column -> its frames' codec
         self.num_episodes = 0
         self.num_steps = 0
         self._dataset = None  # the latest version this writer committed or opened
@@ -489,9 +514,10 @@ class LanceWriter:
         check_metadata(reader.metadata, self._user_metadata, self.path)
         self.schema = reader.keys
         self._arrow = reader._dataset.schema
-        for key, (_, shape) in self.schema.items():
-            if is_image(shape):
-                self._arrow = self._arrow.set(self._arrow.get_field_index(key), _image_field(key))
+        self._codecs = reader._codecs
+        for key, codec in self._codecs.items():
+            field = _image_field(key, codec)
+            self._arrow = self._arrow.set(self._arrow.get_field_index(key), field)
         self.num_steps = reader.num_steps
         if self.num_steps:
             last = reader._take(np.array([self.num_steps - 1]), ["episode_idx"]).column(0)
@@ -509,13 +535,18 @@ class LanceWriter:
             self.schema = episode_schema(episode)
             _check_column_names(self.schema)
             meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
-            self._arrow = _arrow_schema(self.schema, meta)
+            images = [key for key, (_, shape) in self.schema.items() if is_image(shape)]
+            self._codecs = {key: choose_codec(np.asarray(episode[key])) for key in images}
+            self._arrow = _arrow_schema(self.schema, meta, self._codecs)
         check_schema(self.schema, episode, self.path)
         length = len(next(iter(episode.values())))
         columns = [
             pa.array(np.full(length, self.num_episodes, dtype=np.int64)),
             pa.array(np.arange(length, dtype=np.int32)),
-            *(_to_arrow(np.asarray(episode[k]), shape) for k, (_, shape) in self.schema.items()),
+            *(
+                _to_arrow(np.asarray(episode[k]), shape, self._codecs.get(k))
+                for k, (_, shape) in self.schema.items()
+            ),
             _to_arrow(row_checksums(episode, list(self.schema)), (len(self.schema),)),
         ]
         table = pa.Table.from_arrays(columns, schema=self._arrow)
