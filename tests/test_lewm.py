@@ -24,7 +24,8 @@ from swmcli.config import resolve_config
 from swmcli.errors import UsageError
 from swmcli.memory.measure import MemoryMonitor
 from swmcli.models.interface import build_model, load_factory
-from swmcli.training.checkpoints import init_from_run, load_checkpoint
+from swmcli.training.checkpoints import load_checkpoint
+from swmcli.training.lewm_checkpoints import init_from_run
 
 UPSTREAM = Path(__file__).with_name("lewm_upstream.py")
 # stable-worldmodel 0.1.1's LeWM for a 2-D action at frameskip 5 (lewm.yaml), part by part

@@ -40,7 +40,14 @@ from swmcli.models.interface import model_args
 from swmcli.models.outputs import check_finite, faults_named
 from swmcli.models.runner import make_runner, untrack_tensors_if_compiling
 from swmcli.report import CommandResult, format_seconds, info, progress, silence, warn
-from swmcli.training import checkpoints, distributed, recipe, run_directory, techniques
+from swmcli.training import (
+    checkpoints,
+    distributed,
+    lewm_checkpoints,
+    recipe,
+    run_directory,
+    techniques,
+)
 from swmcli.training.loggers import check_installed, log_once
 from swmcli.training.metrics import (
     LOSS_CURVE_FILE,
@@ -144,7 +151,7 @@ def _set_up(cfg: config.SwmConfig, monitor, resume: bool, world) -> _Run:
         if state:
             checkpoints.restore_model(model, state, checkpoints.checkpoint_path(run_dir))
         elif cfg.train.init_from:
-            info(checkpoints.init_from_run(model, cfg.train.init_from))
+            info(lewm_checkpoints.init_from_run(model, cfg.train.init_from))
         if not state:  # a checkpoint's values were checked when it was saved
             checkpoints.check_starts_finite(model)
         runner.prepare(model)

@@ -25,7 +25,6 @@ import numpy as np
 from swmcli.config import CONFIG_FILE, flat_settings
 from swmcli.errors import CheckpointError, UsageError, first_line
 from swmcli.report import warn
-from swmcli.training.lewm_checkpoints import is_lewm_folder, read_lewm_folder
 
 CHECKPOINT_FILE = "checkpoint.pt"
 PREVIOUS_FILE = "checkpoint.prev.pt"
@@ -278,40 +277,6 @@ def restore_model(model, state: dict[str, Any], path_for_errors: Path) -> None:
             f"{path_for_errors} does not match the run's model config",
             hint="the config.json next to it was changed after training; restore it",
         ) from err
-
-
-def init_from_run(model, run_dir: Path) -> str:
-    """Load into ``model`` every weight of ``run_dir``'s verified checkpoint (or of a
-    stable-worldmodel LeWM folder's weights) whose name and shape match (``train.init_from``);
-    returns a line for the log naming the parts whose weights were
-    left as initialized. A checkpoint that gives the model nothing is a UsageError."""
-    if not Path(run_dir).is_dir():
-        raise UsageError(
-            f"train.init_from: {run_dir} is not a run directory",
-            hint="pass the directory of a trained run (it holds checkpoint.pt) or a "
-            "stable-worldmodel LeWM checkpoint folder",
-        )
-    if is_lewm_folder(run_dir):
-        saved = read_lewm_folder(Path(run_dir)).weights
-    else:
-        saved = load_checkpoint(Path(run_dir))["model"]
-    own = model.state_dict()
-    matching = {
-        name: tensor
-        for name, tensor in saved.items()
-        if name in own and own[name].shape == tensor.shape
-    }
-    if not matching:
-        raise UsageError(
-            f"train.init_from: no weight of {run_dir} fits this model (names or shapes differ)",
-            hint="start from a run of the same architecture, or drop --init-from",
-        )
-    model.load_state_dict(matching, strict=False)
-    fresh = sorted(set(own) - set(matching))
-    if not fresh:
-        return f"weights from {run_dir}; every weight loaded"
-    parts = dict.fromkeys(name.split(".")[0] for name in fresh)
-    return f"weights from {run_dir}; {len(fresh)} weight(s) start fresh, in: {', '.join(parts)}"
 
 
 def restore_rng(state: dict[str, Any]) -> None:

@@ -10,7 +10,8 @@ dict (``weights.pt``, ``weights_epoch_N.pt``); or the object checkpoint its eval
 the weights load as they are; its factory's keywords come from the config.
 
 A folder names no dataset: the data's action size gives the frameskip (the action embedder
-reads ``frameskip x action_dim`` values), the predictor's frames the history.
+reads ``frameskip x action_dim`` values), the predictor's frames the history. ``init_from_run``
+(``train.init_from``) starts a model from either kind of folder, an swm run's or this one.
 """
 
 import json
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from swmcli.errors import CheckpointError, UsageError
+from swmcli.training.checkpoints import load_checkpoint
 
 UPSTREAM_LEWM = "stable_worldmodel.wm.lewm.LeWM"
 UPSTREAM_MODULE = "stable_worldmodel.wm.lewm.module"
@@ -87,7 +89,8 @@ def read_lewm_folder(path: Path) -> UpstreamLeWM:
         from swmcli.training.lewm_objects import read_object_checkpoint
 
         objects = sorted(path.glob(f"*{OBJECT_SUFFIX}"), key=lambda p: p.stat().st_mtime)
-        return read_object_checkpoint(objects[-1])
+        kwargs, action_inputs, num_frames, weights = read_object_checkpoint(objects[-1])
+        return UpstreamLeWM(path, kwargs, action_inputs, num_frames, renamed_vit(weights))
     import torch
 
     weights_file = _weights_file(path)
@@ -298,7 +301,6 @@ def export_lewm_run(run_dir: Path, dst: Path, overwrite: bool = False) -> dict[s
     import torch
 
     from swmcli.config import load_run_config
-    from swmcli.training.checkpoints import load_checkpoint
 
     run_dir, dst = Path(run_dir), Path(dst)
     cfg = load_run_config(run_dir)
@@ -388,3 +390,37 @@ def upstream_config(kwargs: dict[str, Any], shape: dict[str, int]) -> dict[str, 
         "projector": mlp(given["vit"][0] if given["vit"] else width),
         "pred_proj": mlp(width),
     }
+
+
+def init_from_run(model, run_dir: Path) -> str:
+    """Load into ``model`` every weight of ``run_dir``'s verified checkpoint (or of a
+    stable-worldmodel LeWM folder's weights) whose name and shape match (``train.init_from``);
+    returns a line for the log naming the parts whose weights were
+    left as initialized. A checkpoint that gives the model nothing is a UsageError."""
+    if not Path(run_dir).is_dir():
+        raise UsageError(
+            f"train.init_from: {run_dir} is not a run directory",
+            hint="pass the directory of a trained run (it holds checkpoint.pt) or a "
+            "stable-worldmodel LeWM checkpoint folder",
+        )
+    if is_lewm_folder(run_dir):
+        saved = read_lewm_folder(Path(run_dir)).weights
+    else:
+        saved = load_checkpoint(Path(run_dir))["model"]
+    own = model.state_dict()
+    matching = {
+        name: tensor
+        for name, tensor in saved.items()
+        if name in own and own[name].shape == tensor.shape
+    }
+    if not matching:
+        raise UsageError(
+            f"train.init_from: no weight of {run_dir} fits this model (names or shapes differ)",
+            hint="start from a run of the same architecture, or drop --init-from",
+        )
+    model.load_state_dict(matching, strict=False)
+    fresh = sorted(set(own) - set(matching))
+    if not fresh:
+        return f"weights from {run_dir}; every weight loaded"
+    parts = dict.fromkeys(name.split(".")[0] for name in fresh)
+    return f"weights from {run_dir}; {len(fresh)} weight(s) start fresh, in: {', '.join(parts)}"

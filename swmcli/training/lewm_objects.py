@@ -78,11 +78,11 @@ class _PickleModule:
     __name__ = "swm_lewm_objects"
 
 
-def read_object_checkpoint(path: Path):
-    """The ``UpstreamLeWM`` (``lewm_checkpoints``) an object checkpoint holds."""
+def read_object_checkpoint(path: Path) -> tuple[dict, int, int, dict]:
+    """What the LeWM an object checkpoint holds is made of: its factory keywords, the action
+    embedder's inputs, the predictor's frames and its state dict (under the names it was saved
+    with; ``lewm_checkpoints`` reads them as a model)."""
     import torch
-
-    from swmcli.training.lewm_checkpoints import UpstreamLeWM, renamed_vit
 
     try:
         root = torch.load(path, map_location="cpu", weights_only=False, pickle_module=_PickleModule)
@@ -98,7 +98,7 @@ def read_object_checkpoint(path: Path):
             f"{path} holds no stable-worldmodel LeWM module",
             hint="swm reads LeWM's object checkpoints; for another model, export its weights",
         )
-    weights = renamed_vit(_state_dict(lewm))
+    weights = _state_dict(lewm)
     try:
         kwargs, action_inputs, num_frames = _architecture(lewm)
     except (KeyError, AttributeError, TypeError) as error:
@@ -106,7 +106,7 @@ def read_object_checkpoint(path: Path):
             f"{path}: its LeWM lacks a setting swm reads ({error!r})",
             hint="pass the folder save_pretrained writes (weights.pt + config.json)",
         ) from error
-    return UpstreamLeWM(path.parent, kwargs, action_inputs, num_frames, weights)
+    return kwargs, action_inputs, num_frames, weights
 
 
 def _find(node: Any, class_name: str, seen: set | None = None):
