@@ -3,9 +3,11 @@ encoded by PyAV (the ``video`` extra: H.264 in MP4, or GIF).
 
 Labels are drawn with PIL (a dependency already) into a small strip per frame: a few hundred
 microseconds a frame, where a matplotlib figure per frame costs tens of milliseconds. The
-distance plot under ``swm eval --video``'s frames is a PIL polyline for the same reason.
+distance plot under ``swm eval --video``'s frames is matplotlib's (axes, ticks, a title), drawn
+once per replanning; each frame only moves its cursor.
 """
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ from swmcli.errors import UsageError
 MIN_PANEL_SIDE = 128  # frames are enlarged (whole pixels, nearest) to at least this side
 GAP = 4  # pixels between panels
 LINE_HEIGHT = 13  # pixels per label line
-PLOT_HEIGHT = 48  # pixels of a plot strip under the frames
+PLOT_HEIGHT = 110  # pixels of a plot strip under the frames
 WHITE, BLACK, GREY = (255, 255, 255), (0, 0, 0), (128, 128, 128)
 GREEN, RED, BLUE = (0, 140, 0), (200, 0, 0), (30, 80, 200)
 
@@ -70,29 +72,41 @@ def plot_strip(
     width: int, series: list[tuple[np.ndarray, np.ndarray, tuple]], now: int, last: int, title: str
 ) -> np.ndarray:
     """A ``PLOT_HEIGHT`` strip: each ``(x, y, colour)`` series as a line over x in ``0..last``,
-    a grey cursor at x = ``now``, ``title`` and the y range in its corner."""
-    from PIL import Image, ImageDraw
+    with axes, ticks and ``title`` (matplotlib), and a grey cursor at x = ``now``. A figure is
+    drawn once per distinct ``series`` (a replanning); each frame only moves the cursor."""
+    key = tuple((tuple(map(float, x)), tuple(map(float, y)), colour) for x, y, colour in series)
+    picture, (left, right, top, bottom) = _plot(width, key, max(last, 1), title)
+    strip = picture.copy()
+    column = min(round(left + (right - left) * now / max(last, 1)), right)
+    strip[top:bottom, column] = GREY
+    return strip
 
-    strip = Image.new("RGB", (width, PLOT_HEIGHT), WHITE)
-    draw = ImageDraw.Draw(strip)
-    values = np.concatenate([y for _, y, _ in series]) if series else np.zeros(0)
-    top = float(values.max()) if values.size else 1.0
-    top = top if top > 0 else 1.0
-    left, right, high, low = 3, width - 3, 14, PLOT_HEIGHT - 3
 
-    def point(x: float, y: float) -> tuple[float, float]:
-        return left + (right - left) * x / max(last, 1), low - (low - high) * y / top
+@functools.lru_cache(maxsize=4)
+def _plot(width: int, series: tuple, last: int, title: str) -> tuple[np.ndarray, tuple]:
+    """The plot of ``plot_strip`` as RGB pixels, and its axes' pixel box (left, right, top,
+    bottom)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    draw.text((3, 1), f"{title} (0 .. {top:.3g})", fill=BLACK)
-    draw.line([point(now, 0), point(now, top)], fill=GREY)
+    dpi = 100
+    figure = Figure(figsize=(width / dpi, PLOT_HEIGHT / dpi), dpi=dpi)
+    canvas = FigureCanvasAgg(figure)
+    axes = figure.add_axes((48 / width, 0.3, 1 - 56 / width, 0.5))
+    tops = [max(y) for _, y, _ in series if y]
     for x, y, colour in series:
-        points = [point(a, b) for a, b in zip(x, y, strict=True)]
-        if len(points) > 1:
-            draw.line(points, fill=colour, width=2)
-        elif points:
-            draw.ellipse([points[0][0] - 2, points[0][1] - 2, points[0][0] + 2,
-                          points[0][1] + 2], fill=colour)  # fmt: skip
-    return np.asarray(strip)
+        axes.plot(x, y, color=[c / 255 for c in colour], marker="." if len(x) == 1 else None)
+    axes.set_xlim(0, last)
+    axes.set_ylim(0, 1.05 * max(tops, default=1.0) or 1.0)
+    axes.set_title(title, fontsize=7, loc="left")
+    axes.set_xlabel("env step", fontsize=7, labelpad=1)
+    axes.tick_params(labelsize=6, pad=1)
+    canvas.draw()
+    picture = np.asarray(canvas.buffer_rgba())[:, :width, :3].copy()
+    box = axes.get_window_extent()
+    height = picture.shape[0]
+    pixels = (round(box.x0), round(box.x1), round(height - box.y1), round(height - box.y0))
+    return picture, pixels
 
 
 def side_by_side(panels: list[tuple[str, np.ndarray]], border: tuple | None = None) -> np.ndarray:
