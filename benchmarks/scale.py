@@ -33,6 +33,7 @@ to compare them.
 """
 
 import argparse
+import json
 import multiprocessing
 import os
 import shutil
@@ -50,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from swmcli.data.buffer import ReplayBuffer  # noqa: E402
-from swmcli.data.formats import open_writer  # noqa: E402
+from swmcli.data.formats import open_reader, open_writer  # noqa: E402
 from swmcli.data.storage.location import nbytes_under  # noqa: E402
 from swmcli.data.streaming import load_dataset, make_loader  # noqa: E402
 from swmcli.memory.measure import peak_rss_bytes, reset_peak_rss  # noqa: E402
@@ -114,7 +115,11 @@ def append(path: Path, seed: int) -> dict:
     writer = open_writer(path, mode="append")
     writer.write_episode(episode)
     writer.close()
-    return {"append_s": time.perf_counter() - start}
+    seconds = time.perf_counter() - start
+    reader = open_reader(path)
+    steps = int(reader.episode_lengths.sum())
+    reader.close()
+    return {"append_s": seconds, "steps": steps}
 
 
 def read(path: Path, batches: int) -> dict:
@@ -185,7 +190,7 @@ def measure(scratch: Path, fmt: str, sizes: list[int], args) -> dict[int, dict]:
     """Every size's row: the writes one after the other, then the appends and reads in rounds,
     each round over every size (the machine's load moves them together), medians of the rounds."""
     paths = {size: scratch / f"data-{size}{SUFFIXES[fmt]}" for size in sizes}
-    rows = {size: in_child(write, paths[size], fmt, size) for size in sizes}
+    rows = {size: written(paths[size], fmt, size, args.keep) for size in sizes}
     rounds = {size: [] for size in sizes}
     for number in range(args.rounds):
         for size in sizes:
@@ -196,12 +201,29 @@ def measure(scratch: Path, fmt: str, sizes: list[int], args) -> dict[int, dict]:
         for key in rounds[size][0]:
             values = [measured[key] for measured in rounds[size]]
             row[key] = max(values) if key == "read_rss" else statistics.median(values)
-        row["disk_per_step"] = nbytes_under(paths[size]) / ((size + args.rounds) * LENGTH)
+        row["disk_per_step"] = nbytes_under(paths[size]) / (rounds[size][-1]["steps"])
         for key in ("write_rss", "read_rss"):
             row[key] /= 2**20
-        path = paths[size]
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        if not args.keep:
+            remove(paths[size])
     return rows
+
+
+def written(path: Path, fmt: str, episodes: int, keep: bool) -> dict:
+    """The write's row: written now, or (``--keep``) read back from the record of an earlier run
+    that wrote this dataset (its appends since then are in its episode count)."""
+    record = path.with_name(path.name + ".json")
+    if keep and record.exists() and path.exists():
+        return json.loads(record.read_text())
+    remove(path)
+    row = in_child(write, path, fmt, episodes)
+    if keep:
+        record.write_text(json.dumps(row))
+    return row
+
+
+def remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def print_row(fmt: str, size: int, row: dict, base: dict) -> None:
@@ -222,6 +244,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="appends and reads per size")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
     parser.add_argument(
+        "--keep", type=Path, default=None,
+        help="keep the datasets in this directory and reuse them in later runs (no rewrite)",
+    )  # fmt: skip
+    parser.add_argument(
         "--buffer-steps", type=int, nargs="*", default=[10_000, 100_000, 1_000_000],
         help="ReplayBuffer capacities (none: no buffer rows)",
     )  # fmt: skip
@@ -236,7 +262,8 @@ def main() -> None:
     if args.formats:
         print("| format | episodes | " + " | ".join(h for _, h, _ in COLUMNS) + " |")
         print("| --- " * (len(COLUMNS) + 2) + "|")
-    scratch = Path(tempfile.mkdtemp(prefix="swm-scale-", dir=args.dir))
+    scratch = args.keep or Path(tempfile.mkdtemp(prefix="swm-scale-", dir=args.dir))
+    scratch.mkdir(parents=True, exist_ok=True)
     try:
         for fmt in args.formats:
             rows = measure(scratch, fmt, sorted(args.sizes), args)
@@ -244,7 +271,8 @@ def main() -> None:
             for size, row in rows.items():
                 print_row(fmt, size, row, base)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
     base = None
     for steps in sorted(args.buffer_steps):
         row = in_child(buffer_round, steps, args.buffer_rounds)
