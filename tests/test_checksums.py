@@ -36,6 +36,11 @@ def test_checksums_are_written_and_carried_by_copy_dataset(tmp_path):
         assert sums[0].shape == (4 + index, 7) and sums[0].dtype == np.uint32
         for other in sums[1:]:
             np.testing.assert_array_equal(other, sums[0])
+    rows = np.array([7, 0, 7, 14, 3])  # any order, repeats: a batch's rows
+    for reader in readers:  # the checksums read with the small keys are the stored ones
+        read = reader.read_columns(["reward", "action"], rows, checksums=True)
+        np.testing.assert_array_equal(read["swm_crc32"], reader.read_row_checksums(rows))
+        np.testing.assert_array_equal(read["reward"], reader.read_rows("reward", rows))
     assert run_info(tmp_path / "c", verify=True).fields["checksums"] is True
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from swmcli.data.storage.checksums import CHECKSUM_COLUMN
 from swmcli.data.storage.schema import INDEX_COLUMNS, check_keys
 from swmcli.errors import DatasetError, UsageError
 from swmcli.names import bad_name
@@ -116,10 +117,13 @@ class MappedReader:
         check_keys(self.keys, [key], self.path)
         return self._reader.read_rows(self._names[key], rows, out)
 
-    def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
+    def read_columns(self, keys: list[str], rows: np.ndarray, checksums: bool = False) -> dict:
         check_keys(self.keys, keys, self.path)
-        values = self._reader.read_columns([self._names[key] for key in keys], rows)
-        return {key: values[self._names[key]] for key in keys}
+        values = self._reader.read_columns([self._names[key] for key in keys], rows, checksums)
+        mapped = {key: values[self._names[key]] for key in keys}
+        if checksums:
+            mapped[CHECKSUM_COLUMN] = values[CHECKSUM_COLUMN][:, self._columns]
+        return mapped
 
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         keys = check_keys(self.keys, keys, self.path)

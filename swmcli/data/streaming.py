@@ -44,7 +44,7 @@ from swmcli.data.clips import (
 from swmcli.data.formats import detect, open_reader
 from swmcli.data.spares import Spares
 from swmcli.data.storage import location
-from swmcli.data.storage.checksums import RowChecks
+from swmcli.data.storage.checksums import CHECKSUM_COLUMN, RowChecks
 from swmcli.data.storage.lance import opened_in_this_process
 from swmcli.data.storage.schema import (
     check_keys,
@@ -146,21 +146,28 @@ class ClipDataset(Dataset):
         reader = self._open()
         while True:
             indices = self._undamaged(indices % total if total else indices)
-            clips, read = self._read_clips(reader, indices)
-            found = self._check_rows(reader, read)
+            clips, read, sums = self._read_clips(reader, indices)
+            found = self._check_rows(reader, read, sums)
             if not found:
                 return clips
             self._record_damage(found)
 
     def _read_clips(self, reader, indices: np.ndarray):
-        """The clips ``indices`` and what was read for them: ``{key: (rows, values)}``."""
+        """The clips ``indices``, what was read for them (``{key: (rows, values)}``) and, where
+        some of those rows are still to be checked, their stored checksums read with the small
+        keys (``(rows, sums)``, else None)."""
         starts = self._starts[indices]
         read = {}
         clips = {}
+        sums = None
         small = [key for key, (_, shape) in self.keys.items() if not is_image(shape)]
         if small:  # one read for all of them, at the dense rows (observations: every frameskip-th)
             dense = action_rows(starts, self.history_len, self.frameskip)
-            values = reader.read_columns(small, dense.reshape(-1))
+            # The dense rows hold every row the clips read: their checksums come in the same read.
+            unchecked = self._checks is not None and self._checks.pending(self.keys, dense)
+            values = reader.read_columns(small, dense.reshape(-1), checksums=unchecked)
+            if unchecked:
+                sums = (dense.reshape(-1), values[CHECKSUM_COLUMN])
             read.update({key: (dense.reshape(-1), values[key]) for key in small})
             for key in small:
                 shape = self.keys[key][1]
@@ -177,11 +184,12 @@ class ClipDataset(Dataset):
                 values = reader.read_rows(key, observed, out=out)
                 read[key] = (observed, values)
                 clips[key] = values.reshape(len(starts), self.history_len, *shape)
-        return {key: clips[key] for key in self.keys}, read
+        return {key: clips[key] for key in self.keys}, read, sums
 
-    def _check_rows(self, reader, read: dict) -> dict[int, str]:
+    def _check_rows(self, reader, read: dict, sums=None) -> dict[int, str]:
         """Check the rows just read that this process never checked: ``{episode: why}`` for
-        the episodes holding rows that fail their checksum."""
+        the episodes holding rows that fail their checksum. ``sums`` (rows, their stored
+        checksums), where given, holds every row read."""
         checks = self._checks
         if checks is None:  # another tool's dataset: no row checksums
             return {}
@@ -189,8 +197,12 @@ class ClipDataset(Dataset):
         pending = {k: rv for k, rv in read.items() if checks.pending([k], rv[0])}
         if not pending:
             return {}
-        rows = np.unique(np.concatenate([rows for rows, _ in pending.values()]))
-        stored = reader.read_row_checksums(rows)
+        if sums is None:
+            rows = np.unique(np.concatenate([rows for rows, _ in pending.values()]))
+            stored = reader.read_row_checksums(rows)
+        else:
+            rows, first = np.unique(sums[0], return_index=True)
+            stored = sums[1][first]
         found: dict[int, str] = {}
         for key, (key_rows, values) in pending.items():
             key_sums = stored[np.searchsorted(rows, key_rows)]

@@ -32,6 +32,7 @@ from swmcli.data.foreign.common import (
     Source,
 )
 from swmcli.data.mapping import map_columns, said
+from swmcli.data.storage.checksums import CHECKSUM_COLUMN
 from swmcli.data.storage.location import nbytes_under
 from swmcli.data.storage.schema import (
     Schema,
@@ -168,15 +169,20 @@ class ForeignReader:
             raise DatasetError(f"{self.path}: rows outside 0..{self.num_steps - 1} asked for")
         return rows
 
-    def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Several keys at the same rows (one read for all, where the source offers it)."""
+    def read_columns(self, keys: list[str], rows: np.ndarray, checksums: bool = False) -> dict:
+        """Several keys at the same rows (one read for all, where the source offers it); no
+        checksums (None) with ``checksums``: foreign layouts carry none."""
         many = getattr(self._source, "read_many", None)
         if many is None or len(keys) < 2:
-            return {key: self.read_rows(key, rows) for key in keys}
-        rows = self._check_rows(rows)
-        check_keys(self.keys, keys, self.path)
-        values = many([self._names[key] for key in keys], rows)
-        return {key: self._as_read(key, values[self._names[key]]) for key in keys}
+            values = {key: self.read_rows(key, rows) for key in keys}
+        else:
+            rows = self._check_rows(rows)
+            check_keys(self.keys, keys, self.path)
+            read = many([self._names[key] for key in keys], rows)
+            values = {key: self._as_read(key, read[self._names[key]]) for key in keys}
+        if checksums:
+            values[CHECKSUM_COLUMN] = None
+        return values
 
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         if not 0 <= index < self.num_episodes:

@@ -121,6 +121,15 @@ class RowChecks:
         return rows[todo[bad]]
 
 
+def columns_apart(reader, keys: list[str], rows: np.ndarray, checksums: bool) -> dict:
+    """``read_columns`` for formats that read each key apart: one ``read_rows`` a key, and with
+    ``checksums`` the rows' stored CRC-32s under ``CHECKSUM_COLUMN``."""
+    values = {key: reader.read_rows(key, rows) for key in keys}
+    if checksums:
+        values[CHECKSUM_COLUMN] = reader.read_row_checksums(rows)
+    return values
+
+
 def damaged_keys(episode: Mapping[str, np.ndarray], stored: np.ndarray, keys: list[str]) -> list:
     """The keys of ``episode`` whose rows do not match the ``stored`` checksums (all ``keys``)."""
     rows = len(next(iter(episode.values())))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from swmcli.data.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.data.storage.checksums import CHECKSUM_COLUMN, columns_apart, row_checksums
 from swmcli.data.storage.containment import check_part
 from swmcli.data.storage.location import nbytes_under
 from swmcli.data.storage.schema import (
@@ -239,9 +239,10 @@ class FolderReader:
                 out[position] = self._episode_arrays(episode)[key][step]
         return out
 
-    def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Rows ``rows`` of several keys (one ``read_rows`` each)."""
-        return {key: self.read_rows(key, rows) for key in keys}
+    def read_columns(self, keys: list[str], rows: np.ndarray, checksums: bool = False) -> dict:
+        """Rows ``rows`` of several keys (one ``read_rows`` each; with ``checksums``, the rows'
+        stored CRC-32s under ``CHECKSUM_COLUMN``)."""
+        return columns_apart(self, keys, rows, checksums)
 
     def read_episode(self, index: int, keys=None) -> dict[str, np.ndarray]:
         """Episode ``index`` as ``{key: (length, ...)}`` (all keys unless ``keys`` is given)."""

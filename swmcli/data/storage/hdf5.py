@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from swmcli.data.storage import location as loc
-from swmcli.data.storage.checksums import CHECKSUM_COLUMN, row_checksums
+from swmcli.data.storage.checksums import CHECKSUM_COLUMN, columns_apart, row_checksums
 from swmcli.data.storage.containment import check_hdf5
 from swmcli.data.storage.location import Location
 from swmcli.data.storage.schema import (
@@ -263,9 +263,10 @@ class Hdf5Reader:
             self._guard(lambda: _read_small(dataset, rows, out, chunks))
         return out
 
-    def read_columns(self, keys: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
-        """Rows ``rows`` of several keys (one ``read_rows`` each)."""
-        return {key: self.read_rows(key, rows) for key in keys}
+    def read_columns(self, keys: list[str], rows: np.ndarray, checksums: bool = False) -> dict:
+        """Rows ``rows`` of several keys (one ``read_rows`` each; with ``checksums``, the rows'
+        stored CRC-32s under ``CHECKSUM_COLUMN``)."""
+        return columns_apart(self, keys, rows, checksums)
 
     def _chunk_index(self, key: str, dataset) -> "_FrameChunks | _RowChunks | None":
         """``key``'s chunk index, built on its first read (once, whichever thread asks)."""
