@@ -593,3 +593,30 @@ def test_hdf5_checks_the_last_episodes_index_on_open_and_each_other_when_it_is_r
         file["step_idx"][7] = 5  # the last episode's second row
     with pytest.raises(DatasetError, match="step_idx does not count"):
         open_reader(path)
+
+
+def test_lance_small_columns_held_in_memory_read_as_the_takes_do(tmp_path, monkeypatch):
+    """A Lance reader holds the small columns and checksums in memory where they fit its share
+    of the host's memory, else takes them per read: both give the same rows."""
+    from swmcli.data.storage import lance
+
+    path = tmp_path / "d.lance"
+    write(path, [make_episode(seed, 5 + seed, resolution=8) for seed in range(3)])
+    rows = np.array([9, 0, 9, 17, 4])
+
+    def reads(reader) -> dict:
+        read = reader.read_columns(["reward", "action"], rows, checksums=True)
+        read["rows of reward"] = reader.read_rows("reward", rows)
+        read["row checksums"] = reader.read_row_checksums(rows)
+        return read
+
+    held = open_reader(path)
+    from_memory = reads(held)
+    monkeypatch.setattr(lance, "_RESIDENT_SHARE", 0.0)  # nothing fits: every read is a take
+    taken = open_reader(path)
+    by_take = reads(taken)
+    assert held._resident and not taken._resident
+    assert from_memory.keys() == by_take.keys()
+    for key, values in from_memory.items():
+        np.testing.assert_array_equal(values, by_take[key])
+    np.testing.assert_array_equal(from_memory["reward"], from_memory["rows of reward"])

@@ -36,6 +36,7 @@ import functools
 import json
 import os
 import struct
+import threading
 from datetime import timedelta
 
 import numpy as np
@@ -57,6 +58,7 @@ from swmcli.data.storage.schema import (
     take_rows,
 )
 from swmcli.errors import DatasetError, UsageError, first_line
+from swmcli.host import available_host_bytes
 
 # Fragments of one tier merged into one (a tier's sizes are within this factor).
 MERGE_FAN_IN = 8
@@ -81,6 +83,12 @@ _FOOTER = struct.Struct("<QQQII2H4s")  # the end of a Lance data file: see _chec
 # Frames (decoded bytes) per take: LZ4 frames are a small fraction of that in the take, so a
 # batch is one or two takes.
 _TAKE_BYTES = 64 * 2**20
+# A reader holds the small columns (every key but the images, and the checksums) in memory from
+# their first read where they take at most this share of the host's available memory (a few
+# dozen bytes a step: 42 MB for a million steps of the benchmark's episodes). Lance reads a
+# scattered row by decoding its column's block: 64 clips of a large dataset touch 64 blocks a
+# column (about 5x a batch of a 1,000-episode dataset, whose columns are a few blocks each).
+_RESIDENT_SHARE = 1 / 32
 _DAMAGED_HINT = "the dataset is damaged (a missing or truncated file): restore it or collect again"
 _opened_by: int | None = None  # the pid that first opened a Lance dataset (inherited by a fork)
 
@@ -270,6 +278,8 @@ class LanceReader:
         self._check_files()
         self.num_steps = self._dataset.count_rows()
         self._lengths: np.ndarray | None = None
+        self._resident: dict[str, np.ndarray] | None = None  # see _small_columns
+        self._resident_lock = threading.Lock()
 
     def _check_files(self) -> None:
         """Refuse at open, not mid-training, a dataset whose manifest names a missing file or a
@@ -351,6 +361,8 @@ class LanceReader:
         rows = self._checked(rows)
         dtype, shape = self.keys[key]
         if not is_image(shape):
+            if resident := self._small_columns():
+                return take_rows(resident[key], rows, out)
             values = self._decode(key, self._take(rows, [key]).column(0))
             return take_rows(values, None, out)
         if out is None:
@@ -372,16 +384,40 @@ class LanceReader:
         return out
 
     def read_columns(self, keys: list[str], rows: np.ndarray, checksums: bool = False) -> dict:
-        """Rows ``rows`` of several keys in one take (each take costs ~0.7 ms whatever its
-        width: meant for the small columns of a batch); with ``checksums``, the rows' stored
-        CRC-32s in the same take, under ``CHECKSUM_COLUMN``."""
+        """Rows ``rows`` of several keys, from memory where the small columns are held there
+        (``_small_columns``), else in one take (each costs ~0.7 ms whatever its width); with
+        ``checksums``, the rows' stored CRC-32s too, under ``CHECKSUM_COLUMN``."""
         check_keys(self.keys, keys, self.path)
+        rows = self._checked(rows)
         columns = [*keys, CHECKSUM_COLUMN] if checksums else keys
-        table = self._take(self._checked(rows), columns)
+        resident = self._small_columns()
+        if resident and all(key in resident for key in keys):
+            return {column: resident[column][rows] for column in columns}
+        table = self._take(rows, columns)
         values = {key: self._decode(key, table.column(key)) for key in keys}
         if checksums:
             values[CHECKSUM_COLUMN] = self._sums(table.column(CHECKSUM_COLUMN))
         return values
+
+    def _small_columns(self) -> dict[str, np.ndarray] | None:
+        """The small columns and the checksums, ``{column: values}``, read whole on the first
+        call where they fit ``_RESIDENT_SHARE`` of the available memory (None: they do not, and
+        are read per batch). Reader threads share them; the first call reads, the others wait."""
+        with self._resident_lock:
+            if self._resident is None:
+                small = [key for key, (_, shape) in self.keys.items() if not is_image(shape)]
+                row_bytes = 4 * len(self.keys) + sum(
+                    np.dtype(self.keys[key][0]).itemsize * int(np.prod(self.keys[key][1]))
+                    for key in small
+                )
+                self._resident = {}
+                if row_bytes * self.num_steps <= _RESIDENT_SHARE * available_host_bytes():
+                    table = self._guard(
+                        lambda: self._dataset.to_table(columns=[*small, CHECKSUM_COLUMN])
+                    )
+                    self._resident = {key: self._decode(key, table.column(key)) for key in small}
+                    self._resident[CHECKSUM_COLUMN] = self._sums(table.column(CHECKSUM_COLUMN))
+            return self._resident or None
 
     def _checked(self, rows) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
@@ -405,7 +441,10 @@ class LanceReader:
 
     def read_row_checksums(self, rows: np.ndarray) -> np.ndarray:
         """The stored ``(len(rows), keys)`` CRC-32s of global ``rows``."""
-        return self._sums(self._take(self._checked(rows), [CHECKSUM_COLUMN]).column(0))
+        rows = self._checked(rows)
+        if resident := self._small_columns():
+            return resident[CHECKSUM_COLUMN][rows]
+        return self._sums(self._take(rows, [CHECKSUM_COLUMN]).column(0))
 
     def _sums(self, column) -> np.ndarray:
         shape = (len(self.keys),)
