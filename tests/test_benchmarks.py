@@ -181,3 +181,11 @@ def test_recurrent_planning_benchmark_counts_h_cell_steps_carried_and_more_rebui
     rows = {line.split()[1]: line.split() for line in out.splitlines() if len(line.split()) == 4}
     assert rows["carried"][-1] == "3" and rows["stateless"][-1] == "9"  # 2 + 3 + 4
     assert "faster per env step" in out
+
+
+def test_lance_take_span_benchmark_prints_each_size_with_its_ratio(tmp_path):
+    """benchmarks/lance_take_span.py at toy sizes."""
+    args = ("--rows", "700", "1400", "--takes", "2", "--dir", str(tmp_path))
+    out = _run("lance_take_span.py", *args)
+    assert "| 700 | " in out and "| 1,400 | " in out and "x) |" in out
+    assert list(tmp_path.iterdir()) == []  # the scratch files deleted

@@ -1,0 +1,101 @@
+"""What one Lance take of a batch's rows costs as the rows it scatters over grow: the cost behind
+Lance's loader rows of ``benchmarks/scale.py`` at 10,000 and 100,000 episodes.
+
+    python benchmarks/lance_take_span.py
+    python benchmarks/lance_take_span.py --rows 10000 40960 327680 --takes 50
+
+For each size, one Lance file (one fragment, written by ``lance.write_dataset``) holds that many
+rows of the scale benchmark's frames (8x8x3, each an LZ4 frame as swm stores them); then the
+same kind of take as the loader's, 64 clips of 3 consecutive rows at random starts (sorted),
+``--takes`` times: the median time of one take of the frames, and of the small columns
+(action and reward) for comparison. The rows and their bytes are the same at every size; only
+how far apart they lie changes.
+"""
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+from synth import make_episode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from swmcli.data.storage.lance import _to_arrow  # noqa: E402
+
+CLIPS, HISTORY, LENGTH, RESOLUTION = 64, 3, 10, 8
+
+
+def table(rows: int):
+    """``rows`` rows of the benchmark's episodes (each its own, as in ``scale.py``: repeated
+    values would let Lance store a dictionary): pixels (LZ4 frames), action, reward."""
+    import pyarrow as pa
+
+    episodes = [
+        make_episode(seed, length=LENGTH, res=RESOLUTION) for seed in range(-(-rows // LENGTH))
+    ]
+    columns = {
+        key: np.concatenate([episode[key] for episode in episodes])[:rows]
+        for key in ("pixels", "action", "reward")
+    }
+    return pa.table(
+        {
+            "pixels": _to_arrow(columns["pixels"], (RESOLUTION, RESOLUTION, 3)),
+            "action": _to_arrow(columns["action"], (2,)),
+            "reward": _to_arrow(columns["reward"], ()),
+        }
+    )
+
+
+def take_ms(dataset, rows: int, columns: list[str], takes: int, seed: int) -> float:
+    """Median ms of one take of 64 clips' rows at random starts, after 10 unmeasured takes."""
+    rng = np.random.default_rng(seed)
+    batches = [
+        np.unique(np.sort(rng.integers(0, rows - HISTORY, CLIPS))[:, None] + np.arange(HISTORY))
+        for _ in range(takes + 10)
+    ]
+    times = []
+    for index, batch in enumerate(batches):
+        start = time.perf_counter()
+        dataset.take(batch, columns=columns)
+        if index >= 10:
+            times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--takes", type=int, default=200, help="takes timed per size and kind")
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore", message="lance is not fork-safe")
+    import lance
+
+    print(f"{CLIPS} clips of {HISTORY} rows a take, median of {args.takes}; (ratio to the first)")
+    print("| rows in the file | frames take | action + reward take |")
+    print("| --- | --- | --- |")
+    base = None
+    with tempfile.TemporaryDirectory(prefix="swm-take-span-", dir=args.dir) as scratch:
+        for rows in args.rows:
+            path = str(Path(scratch) / f"span-{rows}.lance")
+            dataset = lance.write_dataset(
+                table(rows), path, data_storage_version="2.1", max_rows_per_file=rows
+            )
+            row = [
+                take_ms(dataset, rows, ["pixels"], args.takes, seed=0),
+                take_ms(dataset, rows, ["action", "reward"], args.takes, seed=1),
+            ]
+            base = base or row
+            pairs = zip(row, base, strict=True)
+            cells = [f"{ms:.2f} ms ({ms / first:.2f}x)" for ms, first in pairs]
+            print(f"| {rows:,} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
