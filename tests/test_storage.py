@@ -16,6 +16,7 @@ import pytest
 
 from swmcli.data.formats import FORMATS, detect, open_reader, open_writer
 from swmcli.data.storage import folder, hdf5
+from swmcli.data.streaming import load_dataset
 from swmcli.errors import DatasetError
 
 SUFFIX = {"lance": ".lance", "hdf5": ".h5", "folder": ""}
@@ -620,3 +621,18 @@ def test_lance_small_columns_held_in_memory_read_as_the_takes_do(tmp_path, monke
     for key, values in from_memory.items():
         np.testing.assert_array_equal(values, by_take[key])
     np.testing.assert_array_equal(from_memory["reward"], from_memory["rows of reward"])
+
+
+def test_hdf5_opens_from_the_index_tail_and_checks_the_whole_index_on_first_use(tmp_path):
+    """Opening (and so appending) reads the last entries of the episode index, at any size; the
+    first use of the whole index checks every entry."""
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(seed, 4, resolution=8) for seed in range(6)])
+    with h5py.File(path, "r+") as file:
+        file["episode_lengths"][1] = 5  # damage far from the end: the offsets after disagree
+    reader = open_reader(path)
+    assert (reader.num_episodes, reader.num_steps) == (6, 24)
+    with pytest.raises(DatasetError, match="episode_offsets and episode_lengths disagree"):
+        reader.episode_lengths  # noqa: B018 (the first use is the check)
+    with pytest.raises(DatasetError, match="disagree"):
+        load_dataset(path, history_len=2)

@@ -58,6 +58,7 @@ _LIBVER = ("v110", "v110")
 _CHUNK_CACHE_BYTES = 64 * 2**20
 _CHUNK_CACHE_SLOTS = 100_003  # a prime well above the chunks that fit the cache
 _SMALL_CHUNK_ROWS = 4096
+_TAIL = 4  # index entries an open reads: a killed writer leaves at most the last two unfinished
 H5Z_LZ4 = 32004  # LZ4, registered with the HDF Group (read with `hdf5plugin` or its plugin)
 _READ_ATTEMPTS = 25  # sleeps of 1, 2, 4, ... ns: at most 2**25 ns (34 ms) in all
 _DAMAGED_HINT = "the file is damaged or truncated: restore it or collect again"
@@ -187,15 +188,17 @@ class Hdf5Reader:
             self.metadata, self.keys = read_metadata(raw, self.path)
             check_hdf5(self._file, self.path)
             self._check_columns()
-            self.episode_lengths = _committed_lengths(self._file, self.keys, self.path)
-            self.episode_offsets = offsets_from_lengths(self.episode_lengths)
-            self.num_episodes = len(self.episode_lengths)
-            self._check_offsets()
-            self._check_index(self.num_episodes - 1)
+            # The index's last entries (where a killed writer stops) give the counts: opening
+            # and appending read no more of it at any size; the whole is read on first use.
+            self.num_episodes, self.num_steps, last = _committed_tail(
+                self._file, self.keys, self.path
+            )
+            self._index: tuple[np.ndarray, np.ndarray] | None = None
+            self._index_lock = threading.Lock()
+            self._check_rows_of(self.num_episodes - 1, self.num_steps - last, last)
         except BaseException:
             self._file.close()
             raise
-        self.num_steps = int(self.episode_lengths.sum())
         self.index_token = None  # the index lives in the file: nothing to cache
         self._chunks: dict[str, _FrameChunks | _RowChunks | None] = {}
         self._chunks_lock = threading.Lock()
@@ -213,25 +216,51 @@ class Hdf5Reader:
         }
         check_stored_schema(self.path, stored, index)
 
-    def _check_offsets(self) -> None:
-        episodes = self.num_episodes
-        offsets = self._guard(lambda: self._file["episode_offsets"][:episodes]) if episodes else []
-        if np.any(np.asarray(offsets) != self.episode_offsets):
-            raise DatasetError(f"{self.path}: episode_offsets do not match", _DAMAGED_HINT)
+    @property
+    def episode_lengths(self) -> np.ndarray:
+        """Rows of each episode (the whole index, read and checked on first use)."""
+        return self._whole_index()[0]
+
+    @property
+    def episode_offsets(self) -> np.ndarray:
+        """First global row of each episode."""
+        return self._whole_index()[1]
+
+    def _whole_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every episode's length and offset, checked against each other and against the counts
+        the open read from the index's end (reader threads share it; the first reads)."""
+        with self._index_lock:
+            if self._index is None:
+                lengths = _committed_lengths(self._file, self.keys, self.path)
+                lengths = lengths[: self.num_episodes]
+                if len(lengths) != self.num_episodes or int(lengths.sum()) != self.num_steps:
+                    raise DatasetError(
+                        f"{self.path}: episode_lengths disagree with the index's last entries",
+                        _DAMAGED_HINT,
+                    )
+                offsets = offsets_from_lengths(lengths)
+                episodes = self.num_episodes
+                stored = self._guard(lambda: self._file["episode_offsets"][:episodes])
+                if np.any(np.asarray(stored) != offsets):
+                    raise DatasetError(f"{self.path}: episode_offsets do not match", _DAMAGED_HINT)
+                self._index = (lengths, offsets)
+            return self._index
 
     def _check_index(self, index: int) -> None:
         """Episode ``index``'s rows carry its episode_idx and step_idx (a damaged index is an
-        error). Checked for the last episode on open (where a killed writer stops), and for each
-        episode read whole (``swm info --verify`` reads every one): opening reads no row of the
-        others, so it costs the same at any size."""
+        error): checked for each episode read whole (``swm info --verify`` reads every one)."""
+        start, length = int(self.episode_offsets[index]), int(self.episode_lengths[index])
+        self._check_rows_of(index, start, length)
+
+    def _check_rows_of(self, index: int, start: int, length: int) -> None:
+        """Rows ``start`` to ``start + length`` carry episode ``index``'s ids and steps. Checked
+        for the last episode on open (where a killed writer stops), so opening reads no row of
+        the others and costs the same at any size."""
         if index < 0:
             return
-        start = int(self.episode_offsets[index])
-        stop = start + int(self.episode_lengths[index])
-        ids = self._guard(lambda: self._file["episode_idx"][start:stop])
-        steps = self._guard(lambda: self._file["step_idx"][start:stop])
-        lengths = self.episode_lengths[index : index + 1]
-        check_index(lengths, ids - index, steps, self.path, _DAMAGED_HINT)
+        ids = self._guard(lambda: self._file["episode_idx"][start : start + length])
+        steps = self._guard(lambda: self._file["step_idx"][start : start + length])
+        check_index(np.array([length]), ids - index, steps, self.path, _DAMAGED_HINT)
 
     @property
     def nbytes_on_disk(self) -> int:
@@ -519,6 +548,40 @@ def _committed_lengths(file, keys, where: Path) -> np.ndarray:
     return lengths
 
 
+def _committed_tail(file, keys, where: Path) -> tuple[int, int, int]:
+    """``(episodes, steps, rows of the last episode)`` committed, from the index's last
+    ``_TAIL`` entries, by ``_committed_lengths``'s rules for what a killed writer leaves at the
+    end (a zero last length, rows short of the last episodes); the whole index only where
+    every one of those entries goes."""
+    if "episode_lengths" not in file:
+        return 0, 0, 0
+    try:
+        count = file["episode_lengths"].shape[0]
+        first = max(0, count - _TAIL)
+        lengths = file["episode_lengths"][first:count].astype(np.int64)
+        offsets = file["episode_offsets"][first:count].astype(np.int64)
+        rows = min(file[k].shape[0] for k in keys) if keys else 0
+    except (OSError, KeyError, ValueError, RuntimeError) as error:
+        raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
+    if len(lengths) and lengths[-1] == 0:
+        lengths = lengths[:-1]
+    if np.any(lengths <= 0):
+        raise DatasetError(f"{where}: episode_lengths is damaged (an empty entry)", _DAMAGED_HINT)
+    offsets = offsets[: len(lengths)]
+    if len(offsets) != len(lengths) or np.any(offsets[1:] != offsets[:-1] + lengths[:-1]):
+        raise DatasetError(f"{where}: episode_offsets and episode_lengths disagree", _DAMAGED_HINT)
+    if first == 0 and len(offsets) and offsets[0] != 0:
+        raise DatasetError(f"{where}: episode_offsets and episode_lengths disagree", _DAMAGED_HINT)
+    ends = offsets + lengths
+    kept = int(np.sum(np.cumsum(ends > rows) == 0))  # entries up to the first beyond the rows
+    if kept == 0 and first > 0:
+        whole = _committed_lengths(file, keys, where)
+        return len(whole), int(whole.sum()), int(whole[-1]) if len(whole) else 0
+    if kept == 0:
+        return 0, 0, 0
+    return first + kept, int(ends[kept - 1]), int(lengths[kept - 1])
+
+
 def _check_offsets(file, lengths: np.ndarray, where) -> None:
     """Every written ``episode_offsets`` entry must continue the sum of the lengths before it:
     a damaged length (or offset) is an error, never episodes silently dropped or merged."""
@@ -550,11 +613,11 @@ class Hdf5Writer:
     def _resume(self) -> None:
         reader = Hdf5Reader(self.path)
         check_metadata(reader.metadata, self._user_metadata, self.path)
-        self.schema, lengths = reader.keys, reader.episode_lengths
+        self.schema = reader.keys
+        self.num_episodes, self.num_steps = reader.num_episodes, reader.num_steps
         reader.close()
         _clear_open_flag(self.path)
         self._file = _open(self.path, "r+", libver=_LIBVER)
-        self.num_episodes, self.num_steps = len(lengths), int(lengths.sum())
         # Drop rows of an episode cut short by a kill: appending starts where the last commit ended.
         for name in (*INDEX_COLUMNS, *self.schema, CHECKSUM_COLUMN):
             self._file[name].resize(self.num_steps, axis=0)
