@@ -356,6 +356,15 @@ class _FrameChunks:
             raise OSError(f"frame {row}: the file ends inside its chunk")
         return int(self.masks[row]), data
 
+    def will_need(self, rows: np.ndarray) -> None:
+        """Ask the kernel to start reading frames ``rows``' chunks into the page cache now: a
+        batch's reads then reach the disk together, while this thread decodes the first ones,
+        instead of one at a time."""
+        for row in rows.tolist():
+            if self.offsets[row] >= 0:
+                offset, size = int(self.offsets[row]), int(self.sizes[row])
+                os.posix_fadvise(self.descriptor, offset, size, os.POSIX_FADV_WILLNEED)
+
     def close(self) -> None:
         os.close(self.descriptor)
 
@@ -446,7 +455,10 @@ def _read_each(dataset, rows: np.ndarray, out: np.ndarray, chunks=None) -> None:
     origin = (0,) * len(frame_shape)
     flat = out.reshape(len(rows), -1).view(np.uint8)
     # Rows in file order: a cold read walks the file forwards instead of seeking at random.
-    for position in np.argsort(rows, kind="stable").tolist():
+    order = np.argsort(rows, kind="stable")
+    if chunks is not None:
+        chunks.will_need(rows[order])
+    for position in order.tolist():
         row = int(rows[position])
         stored = chunks.read(row) if chunks is not None else None
         mask, data = stored or dataset.id.read_direct_chunk((row, *origin))
