@@ -3,7 +3,7 @@
 
     python benchmarks/cold_read.py                                  # 30 GB, lance then hdf5
     python benchmarks/cold_read.py --gb 4 --formats hdf5 --seconds 10
-    python benchmarks/cold_read.py --compare /path/to/other          # and another checkout's loader
+    python benchmarks/cold_read.py --compare /path/to/other          # and other checkouts' loaders
 
 Per format, one dataset at a time (deleted before the next unless ``--keep``):
 
@@ -13,8 +13,7 @@ Per format, one dataset at a time (deleted before the next unless ``--keep``):
   of random frames, each row's first pixel row drawn afresh (no two rows alike);
 - cold: every file of the dataset fsynced, then dropped from the page cache with
   ``posix_fadvise(POSIX_FADV_DONTNEED)`` (the page cache's size, from /proc/meminfo, is printed
-  beside it): a read then comes from the disk, until it reads a frame a second time, which a
-  dataset larger than the page cache makes rare;
+  beside it): the first read of each frame then comes from the disk;
 - the disk: ``os.pread`` of blocks of one stored frame's size (the dataset's bytes on disk per
   frame) at 4 KiB-aligned slots of the dataset's own files, in a random order and each slot
   once (no read finds another's pages cached), by ``--threads`` threads (the loader's), then by
@@ -23,13 +22,13 @@ Per format, one dataset at a time (deleted before the next unless ``--keep``):
 - the loader: ``load_dataset(history_len=4, frameskip=2)`` and ``make_loader(batch_size=64,
   num_workers=2)``, in a fresh process (a new ``swm train``), timed from its second batch for
   ``--seconds``: clips/s, MB/s of pixels delivered, and that as a fraction of the disk's
-  bandwidth at the same number of threads (and at ``--disk-threads``); "read from disk" is what
-  the process read from the disk (``read_bytes`` of /proc/self/io) over the pixels it delivered:
-  near 1 when cold (a clip's frames recur in three other clips: the longer the read against the
-  dataset's size, the more of them the page cache still holds). ``--compare``: another
-  checkout's loader on the same data, interleaved over ``--rounds``, each read from cold.
+  bandwidth at the same number of threads (and at ``--disk-threads``); then the same for what
+  the process read from the disk ("from disk": ``read_bytes`` of /proc/self/io), the pixels
+  the page cache did not serve (a clip's frames recur in three other clips: the longer the read
+  against the dataset's size, the more of them the page cache still holds). ``--compare``: other
+  checkouts' loaders on the same data, interleaved over ``--rounds``, each read from cold.
 
-A dataset smaller than an eighth of the free memory is read ahead into the page cache when the
+A dataset smaller than an eighth of the available memory is read ahead into the page cache when the
 loader opens it (``read_ahead``): the read is then not cold, and the script says so. Compare the
 ratios within one run: the machine's load moves every row.
 """
@@ -156,7 +155,9 @@ while time.perf_counter() - start < seconds:
     count += 1
 elapsed = time.perf_counter() - start
 disk = disk_bytes() - disk
-print(json.dumps({"clips_per_s": count * batch / elapsed, "first_batch_s": first,
+import swmcli
+print(json.dumps({"swmcli": swmcli.__file__, "clips_per_s": count * batch / elapsed,
+                  "first_batch_s": first,
                   "pixels_mb_s": count * pixels.numel() / 1e6 / elapsed,
                   "from_disk": disk / (count * pixels.numel())}))
 """
@@ -170,10 +171,14 @@ def read(tree: Path, path: Path, args) -> dict:
         str(HISTORY_LEN), str(FRAMESKIP), str(args.batch),
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    # Run in ``tree``: a ``-c`` script's path starts with its working directory.
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"the read by {tree} failed:\n{done.stderr}")
-    return json.loads(done.stdout.splitlines()[-1])
+    got = json.loads(done.stdout.splitlines()[-1])
+    if not got.pop("swmcli").startswith(str(tree)):
+        raise SystemExit(f"the read meant for {tree} imported another swmcli")
+    return got
 
 
 def measure(scratch: Path, fmt: str, trees: list[Path], args) -> dict:
@@ -217,20 +222,16 @@ def measure(scratch: Path, fmt: str, trees: list[Path], args) -> dict:
 
 
 def print_rows(fmt: str, row: dict, args) -> None:
+    """One line per checkout: the loader's MB/s, delivered and read from the disk, each as a
+    fraction of the disk's own bandwidth at the loader's threads and at ``--disk-threads``."""
+    near, far = row[f"disk_{args.threads}"], row[f"disk_{args.disk_threads}"]
     for tree, got in row["reads"].items():
-        cells = [
-            fmt,
-            str(tree),
-            f"{row['write_mb_s']:.0f}",
-            f"{row[f'disk_{args.threads}']:.0f}",
-            f"{row[f'disk_{args.disk_threads}']:.0f}",
-            f"{got['clips_per_s']:.0f}",
-            f"{got['pixels_mb_s']:.0f}",
-            f"{got['pixels_mb_s'] / row[f'disk_{args.threads}']:.2f}",
-            f"{got['pixels_mb_s'] / row[f'disk_{args.disk_threads}']:.2f}",
-            f"{got['first_batch_s']:.2f}",
-            f"{got['from_disk']:.2f}",
-        ]
+        delivered = got["pixels_mb_s"]
+        read = delivered * got["from_disk"]
+        cells = [fmt, str(tree), f"{row['write_mb_s']:.0f}", f"{near:.0f}", f"{far:.0f}"]
+        cells += [f"{got['clips_per_s']:.0f}", f"{delivered:.0f}"]
+        cells += [f"{delivered / near:.2f}", f"{delivered / far:.2f}", f"{read:.0f}"]
+        cells += [f"{read / near:.2f}", f"{read / far:.2f}", f"{got['first_batch_s']:.2f}"]
         print("| " + " | ".join(cells) + " |", flush=True)
 
 
@@ -244,10 +245,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--threads", type=int, default=2, help="the loader's reader threads")
     parser.add_argument("--disk-threads", type=int, default=8, help="the disk's second measure")
-    parser.add_argument("--seconds", type=float, default=30, help="each loader read, timed")
+    parser.add_argument("--seconds", type=float, default=15, help="each loader read, timed")
     parser.add_argument("--disk-seconds", type=float, default=10, help="each disk measure")
     parser.add_argument("--rounds", type=int, default=1, help="cold reads per checkout")
-    parser.add_argument("--compare", type=Path, default=None, help="another checkout's root")
+    parser.add_argument("--compare", type=Path, nargs="*", default=[], help="other checkouts")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
     parser.add_argument(
         "--keep", type=Path, default=None,
@@ -255,7 +256,7 @@ def main() -> None:
     )  # fmt: skip
     args = parser.parse_args()
     import_readers_and_writers()
-    trees = [ROOT, *([args.compare.resolve()] if args.compare else [])]
+    trees = [ROOT, *(tree.resolve() for tree in args.compare)]
     print(
         f"{args.gb:g} GB of {RESOLUTION}x{RESOLUTION}x3 noise frames per format, episodes of"
         f" {args.length} steps; history {HISTORY_LEN}, frameskip {FRAMESKIP}, batch {args.batch},"
@@ -274,9 +275,10 @@ def main() -> None:
     t, d = args.threads, args.disk_threads
     print(
         f"| format | checkout | write MB/s | disk {t} thr MB/s | disk {d} thr MB/s | clips/s"
-        f" | pixels MB/s | x disk {t} thr | x disk {d} thr | 1st batch s | read from disk |"
+        f" | pixels MB/s | x disk {t} thr | x disk {d} thr | from disk MB/s | x disk {t} thr"
+        f" | x disk {d} thr | 1st batch s |"
     )
-    print("| --- " * 11 + "|")
+    print("| --- " * 13 + "|")
     for fmt, row in rows.items():
         print_rows(fmt, row, args)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
