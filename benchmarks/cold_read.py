@@ -140,6 +140,8 @@ history, frameskip, batch = (int(value) for value in sys.argv[4:7])
 start = time.perf_counter()
 dataset = load_dataset(path, history_len=history, frameskip=frameskip)
 loader = make_loader(dataset, batch_size=batch, num_workers=threads, seed=0)
+if not len(loader):
+    raise SystemExit(f"{dataset.num_clips} clips: fewer than one batch of {batch}")
 def batches():
     while True:
         yield from loader
