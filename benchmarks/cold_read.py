@@ -226,7 +226,14 @@ def measure(scratch: Path, fmt: str, trees: list[Path], args) -> dict:
 def print_rows(fmt: str, row: dict, args) -> None:
     """One line per checkout: the loader's MB/s, delivered and read from the disk, each as a
     fraction of the disk's own bandwidth at the loader's threads and at ``--disk-threads``."""
-    near, far = row[f"disk_{args.threads}"], row[f"disk_{args.disk_threads}"]
+    t, d = args.threads, args.disk_threads
+    print(
+        f"| format | checkout | write MB/s | disk {t} thr MB/s | disk {d} thr MB/s | clips/s"
+        f" | pixels MB/s | x disk {t} thr | x disk {d} thr | from disk MB/s | x disk {t} thr"
+        f" | x disk {d} thr | 1st batch s |"
+    )
+    print("| --- " * 13 + "|")
+    near, far = row[f"disk_{t}"], row[f"disk_{d}"]
     for tree, got in row["reads"].items():
         delivered = got["pixels_mb_s"]
         read = delivered * got["from_disk"]
@@ -267,22 +274,13 @@ def main() -> None:
     )
     scratch = args.keep or Path(tempfile.mkdtemp(prefix="swm-cold-", dir=args.dir))
     scratch.mkdir(parents=True, exist_ok=True)
-    rows = {}
     try:
-        for fmt in args.formats:
-            rows[fmt] = measure(scratch, fmt, trees, args)
+        for fmt in args.formats:  # each format's table as soon as it is measured
+            row = measure(scratch, fmt, trees, args)
+            print_rows(fmt, row, args)
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    t, d = args.threads, args.disk_threads
-    print(
-        f"| format | checkout | write MB/s | disk {t} thr MB/s | disk {d} thr MB/s | clips/s"
-        f" | pixels MB/s | x disk {t} thr | x disk {d} thr | from disk MB/s | x disk {t} thr"
-        f" | x disk {d} thr | 1st batch s |"
-    )
-    print("| --- " * 13 + "|")
-    for fmt, row in rows.items():
-        print_rows(fmt, row, args)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
