@@ -564,6 +564,64 @@ def test_hdf5_frames_come_through_the_chunk_index_and_equal_what_was_written(tmp
         reader.close()
 
 
+def cached_pages(descriptor: int, size: int) -> int:
+    """How many of a file's first ``size`` bytes' pages are in the page cache (``mincore``, which
+    reads nothing: a probing read would start the very read-ahead it looks for)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    address = libc.mmap(None, size, 1, 1, descriptor, 0)  # PROT_READ, MAP_SHARED
+    pages = ctypes.create_string_buffer(-(-size // os.sysconf("SC_PAGE_SIZE")))
+    try:
+        assert libc.mincore(address, size, pages) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        libc.munmap(address, size)
+    return sum(byte & 1 for byte in pages.raw)
+
+
+def test_hdf5_cold_frames_are_read_as_asked_ahead_and_equal_what_was_written(tmp_path):
+    """Dropped from the page cache, frames read bring in their own pages only (no
+    read-ahead past them), and a batch's frames handed to ``will_need`` are back in
+    the cache before they are read, then read back as written."""
+    path = tmp_path / "d.h5"
+    episodes = [make_episode(seed, 7, resolution=64) for seed in range(2)]
+    write(path, episodes, fmt="hdf5")
+    frames = np.concatenate([episode["pixels"] for episode in episodes])
+    rows = np.random.default_rng(1).permutation(len(frames))
+    descriptor = os.open(path, os.O_RDONLY)
+    reader = open_reader(path)
+    try:
+        reader.read_rows("pixels", rows[:1])  # builds the chunk index
+        chunks = reader._chunks["pixels"]
+        size = path.stat().st_size
+        os.fsync(descriptor)
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        before = cached_pages(descriptor, size)
+        page = os.sysconf("SC_PAGE_SIZE")
+        for row in (0, 1):  # neighbours, read forwards: what the kernel reads ahead after
+            chunks.read(row)
+        assert cached_pages(descriptor, size) <= before + int(chunks.sizes[:2].sum()) // page + 3
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        chunks.will_need(rows)
+        frame_pages = int(chunks.sizes.sum()) // page
+        for _ in range(200):  # the read-ahead completes in the background
+            if cached_pages(descriptor, size) >= before + frame_pages:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail(f"{before} pages cached, then {cached_pages(descriptor, size)}")
+        os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        np.testing.assert_array_equal(reader.read_rows("pixels", rows), frames[rows])
+    finally:
+        reader.close()
+        os.close(descriptor)
+
+
 def test_hdf5_short_episodes_leave_no_dead_space(tmp_path):
     """Appending an episode adds its bytes, not a rewrite of each small key's chunk."""
     path = tmp_path / "d.h5"
