@@ -58,6 +58,7 @@ _LIBVER = ("v110", "v110")
 _CHUNK_CACHE_BYTES = 64 * 2**20
 _CHUNK_CACHE_SLOTS = 100_003  # a prime well above the chunks that fit the cache
 _SMALL_CHUNK_ROWS = 4096
+_PAGE = 4096  # the kernel's page: ranges asked ahead are merged at this grain
 _TAIL = 4  # index entries an open reads: a killed writer leaves at most the last two unfinished
 H5Z_LZ4 = 32004  # LZ4, registered with the HDF Group (read with `hdf5plugin` or its plugin)
 _READ_ATTEMPTS = 25  # sleeps of 1, 2, 4, ... ns: at most 2**25 ns (34 ms) in all
@@ -395,11 +396,20 @@ class _FrameChunks:
     def will_need(self, rows: np.ndarray) -> None:
         """Ask the kernel to start reading frames ``rows``' chunks into the page cache now: a
         batch's reads then reach the disk together, while this thread decodes the first ones,
-        instead of one at a time."""
-        for row in rows.tolist():
-            if self.offsets[row] >= 0:
-                offset, size = int(self.offsets[row]), int(self.sizes[row])
-                os.posix_fadvise(self.descriptor, offset, size, os.POSIX_FADV_WILLNEED)
+        instead of one at a time. Chunks on the same or neighbouring pages are asked for in one
+        range (small frames: a few calls a batch, not one a frame)."""
+        offsets = self.offsets[rows]
+        order = np.argsort(offsets, kind="stable")
+        order = order[offsets[order] >= 0]  # in file order, chunks the index holds
+        if not order.size:
+            return
+        starts = offsets[order] // _PAGE * _PAGE
+        ends = np.maximum.accumulate(offsets[order] + self.sizes[rows][order])
+        # A range starts at a chunk that begins past every earlier chunk's end.
+        first = np.flatnonzero(np.r_[True, starts[1:] > ends[:-1]])
+        last = np.r_[first[1:] - 1, len(starts) - 1]
+        for start, end in zip(starts[first].tolist(), ends[last].tolist(), strict=True):
+            os.posix_fadvise(self.descriptor, start, end - start, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         os.close(self.descriptor)
