@@ -9,7 +9,8 @@ rows of the scale benchmark's frames (8x8x3, each an LZ4 frame as swm stores the
 same kind of take as the loader's, 64 clips of 3 consecutive rows at random starts (sorted),
 ``--takes`` times: the median time of one take of the frames, and of the small columns
 (action and reward) for comparison. The rows and their bytes are the same at every size; only
-how far apart they lie changes.
+how far apart they lie changes. ``--datasets`` times the same takes on existing swm Lance
+datasets too (those ``scale.py --keep DIR`` leaves, written episode by episode and merged).
 """
 
 import argparse
@@ -73,6 +74,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--takes", type=int, default=200, help="takes timed per size and kind")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
+    parser.add_argument("--datasets", type=Path, nargs="*", default=[], help="Lance datasets")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="lance is not fork-safe")
     import lance
@@ -91,10 +93,23 @@ def main() -> None:
                 take_ms(dataset, rows, ["pixels"], args.takes, seed=0),
                 take_ms(dataset, rows, ["action", "reward"], args.takes, seed=1),
             ]
-            base = base or row
-            pairs = zip(row, base, strict=True)
-            cells = [f"{ms:.2f} ms ({ms / first:.2f}x)" for ms, first in pairs]
-            print(f"| {rows:,} | " + " | ".join(cells) + " |", flush=True)
+            base = print_row(f"{rows:,}", row, base)
+    for path in args.datasets:
+        dataset = lance.dataset(str(path))
+        rows = dataset.count_rows()
+        row = [
+            take_ms(dataset, rows, ["pixels"], args.takes, seed=0),
+            take_ms(dataset, rows, ["action", "reward"], args.takes, seed=1),
+        ]
+        base = print_row(f"{rows:,} ({path.name})", row, base)
+
+
+def print_row(name: str, row: list[float], base: list[float] | None) -> list[float]:
+    """One table line, with the ratio to ``base`` (the first line's); returns the base."""
+    base = base or row
+    cells = [f"{ms:.2f} ms ({ms / first:.2f}x)" for ms, first in zip(row, base, strict=True)]
+    print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    return base
 
 
 if __name__ == "__main__":

@@ -258,7 +258,7 @@ def main() -> None:
         "--buffer-steps", type=int, nargs="*", default=[10_000, 100_000, 1_000_000],
         help="ReplayBuffer capacities (none: no buffer rows)",
     )  # fmt: skip
-    parser.add_argument("--buffer-rounds", type=int, default=200, help="add + sample timed")
+    parser.add_argument("--buffer-rounds", type=int, default=3000, help="add + sample timed")
     args = parser.parse_args()
     import_readers_and_writers()
     print(
