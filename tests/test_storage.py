@@ -603,6 +603,9 @@ def test_hdf5_cold_frames_are_read_as_asked_ahead_and_equal_what_was_written(tmp
         os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
         before = cached_pages(descriptor, size)
         page = os.sysconf("SC_PAGE_SIZE")
+        pages = -(-size // page)
+        if before > pages // 2:  # tmpfs and the like: the file lives in memory, nothing is cold
+            pytest.skip(f"{tmp_path}'s filesystem keeps files in the page cache")
         for row in (0, 1):  # neighbours, read forwards: what the kernel reads ahead after
             chunks.read(row)
         assert cached_pages(descriptor, size) <= before + int(chunks.sizes[:2].sum()) // page + 3
@@ -610,7 +613,7 @@ def test_hdf5_cold_frames_are_read_as_asked_ahead_and_equal_what_was_written(tmp
         chunks.will_need(rows)
         frame_pages = int(chunks.sizes.sum()) // page
         for _ in range(200):  # the read-ahead completes in the background
-            if cached_pages(descriptor, size) >= before + frame_pages:
+            if cached_pages(descriptor, size) >= min(pages, before + frame_pages):
                 break
             time.sleep(0.01)
         else:
