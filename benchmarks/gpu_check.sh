@@ -88,7 +88,7 @@ out.write_text(json.dumps(speed))
 EOF
 
 step "GPU tests"
-timeout 300 python3 -m pytest -m gpu -q -s > "$OUT/pytest.txt" 2>&1 || status=1
+timeout 300 python3 -m pytest -o addopts='' -m gpu -q -s > "$OUT/pytest.txt" 2>&1 || status=1
 tail -5 "$OUT/pytest.txt"
 
 step "predicted vs measured, every row (measured / predicted: target 0.9-1.1)"
