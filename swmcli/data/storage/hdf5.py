@@ -554,22 +554,34 @@ def _filter_ids(dataset) -> tuple[int, ...]:
     return tuple(plist.get_filter(i)[0] for i in range(plist.get_nfilters()))
 
 
-def _committed_lengths(file, keys, where: Path) -> np.ndarray:
-    """Lengths of the episodes whose commit entry reached the file and whose rows all exist."""
-    if "episode_lengths" not in file:
-        return np.zeros(0, dtype=np.int64)
+def _guarded(where: Path, read):
+    """``read()``, an HDF5 error becoming one DatasetError naming the file."""
     try:
-        lengths = file["episode_lengths"][:].astype(np.int64)
-        rows = min(file[k].shape[0] for k in keys) if keys else 0
+        return read()
     except (OSError, KeyError, ValueError, RuntimeError) as error:
         raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
-    # A kill between resize and write leaves a zero last entry: it was never committed. So may
-    # a reader's view of a file being written, whose rows can lag its last entries (SWMR shows
-    # each dataset as of its own last flush): those episodes are not there yet, for this reader.
+
+
+def _entries(file, keys, where: Path, first: int = 0) -> tuple[np.ndarray, int]:
+    """The ``episode_lengths`` entries from ``first`` on that a commit reached, and the rows
+    every key holds. A kill between resize and write leaves a zero last entry: it was never
+    committed. So may a reader's view of a file being written, whose rows can lag its last
+    entries (SWMR shows each dataset as of its own last flush): those episodes are not there
+    yet, for this reader."""
+    lengths = _guarded(where, lambda: file["episode_lengths"][first:].astype(np.int64))
+    rows = _guarded(where, lambda: min(file[k].shape[0] for k in keys) if keys else 0)
     if len(lengths) and lengths[-1] == 0:
         lengths = lengths[:-1]
     if np.any(lengths <= 0):
         raise DatasetError(f"{where}: episode_lengths is damaged (an empty entry)", _DAMAGED_HINT)
+    return lengths, rows
+
+
+def _committed_lengths(file, keys, where: Path) -> np.ndarray:
+    """Lengths of the episodes whose commit entry reached the file and whose rows all exist."""
+    if "episode_lengths" not in file:
+        return np.zeros(0, dtype=np.int64)
+    lengths, rows = _entries(file, keys, where)
     _check_offsets(file, lengths, where)
     while len(lengths) and lengths.sum() > rows:
         lengths = lengths[:-1]
@@ -583,22 +595,12 @@ def _committed_tail(file, keys, where: Path) -> tuple[int, int, int]:
     every one of those entries goes."""
     if "episode_lengths" not in file:
         return 0, 0, 0
-    try:
-        count = file["episode_lengths"].shape[0]
-        first = max(0, count - _TAIL)
-        lengths = file["episode_lengths"][first:count].astype(np.int64)
-        offsets = file["episode_offsets"][first:count].astype(np.int64)
-        rows = min(file[k].shape[0] for k in keys) if keys else 0
-    except (OSError, KeyError, ValueError, RuntimeError) as error:
-        raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
-    if len(lengths) and lengths[-1] == 0:
-        lengths = lengths[:-1]
-    if np.any(lengths <= 0):
-        raise DatasetError(f"{where}: episode_lengths is damaged (an empty entry)", _DAMAGED_HINT)
-    offsets = offsets[: len(lengths)]
-    if len(offsets) != len(lengths) or np.any(offsets[1:] != offsets[:-1] + lengths[:-1]):
-        raise DatasetError(f"{where}: episode_offsets and episode_lengths disagree", _DAMAGED_HINT)
-    if first == 0 and len(offsets) and offsets[0] != 0:
+    first = max(0, _guarded(where, lambda: file["episode_lengths"].shape[0]) - _TAIL)
+    lengths, rows = _entries(file, keys, where, first)
+    stop = first + len(lengths)
+    offsets = _guarded(where, lambda: file["episode_offsets"][first:stop].astype(np.int64))
+    disagree = len(offsets) != len(lengths) or np.any(offsets[1:] != offsets[:-1] + lengths[:-1])
+    if disagree or (first == 0 and len(offsets) and offsets[0] != 0):
         raise DatasetError(f"{where}: episode_offsets and episode_lengths disagree", _DAMAGED_HINT)
     ends = offsets + lengths
     kept = int(np.sum(np.cumsum(ends > rows) == 0))  # entries up to the first beyond the rows
@@ -613,10 +615,8 @@ def _committed_tail(file, keys, where: Path) -> tuple[int, int, int]:
 def _check_offsets(file, lengths: np.ndarray, where) -> None:
     """Every written ``episode_offsets`` entry must continue the sum of the lengths before it:
     a damaged length (or offset) is an error, never episodes silently dropped or merged."""
-    try:
-        offsets = file["episode_offsets"][: len(lengths)].astype(np.int64)
-    except (OSError, KeyError, ValueError, RuntimeError) as error:
-        raise DatasetError(f"cannot read {where}: {first_line(error)}", _DAMAGED_HINT) from error
+    count = len(lengths)
+    offsets = _guarded(where, lambda: file["episode_offsets"][:count].astype(np.int64))
     expected = offsets_from_lengths(lengths[: len(offsets)])
     written = offsets != 0  # an entry not written yet reads 0 (only the first is 0 when written)
     if np.any(written & (offsets != expected)):
