@@ -7,13 +7,20 @@ Lance's loader rows of ``benchmarks/scale.py`` at 10,000 and 100,000 episodes.
 For each size, one Lance file (one fragment, written by ``lance.write_dataset``) holds that many
 rows of the scale benchmark's frames (8x8x3, each an LZ4 frame as swm stores them); then the
 same kind of take as the loader's, 64 clips of 3 consecutive rows at random starts (sorted),
-``--takes`` times: the median time of one take of the frames, and of the small columns
-(action and reward) for comparison. The rows and their bytes are the same at every size; only
-how far apart they lie changes. ``--datasets`` times the same takes on existing swm Lance
-datasets too (those ``scale.py --keep DIR`` leaves, written episode by episode and merged).
+``--takes`` times: the median time of one take of the frames, and the CPU time the process spent
+a take (every thread's), through Lance's plain local store (``file://``) and through its io_uring
+store (``file+uring://``, what swm's readers use where the kernel allows it), and the median time
+of a take of the small columns (action and reward) for comparison. The rows
+and their bytes are the same at every size; only how far apart they lie changes. The last
+column is the floor under any reader: 64 ``os.pread`` of 4 KiB at random offsets of the same
+file, from the page cache (a small file's pages sit in the CPU's caches, a large one's do not).
+``--datasets`` times the same takes on existing swm Lance datasets too (those ``scale.py --keep
+DIR`` leaves, written episode by episode and merged).
 """
 
 import argparse
+import math
+import os
 import statistics
 import sys
 import tempfile
@@ -27,7 +34,7 @@ from synth import make_episode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swmcli.data.storage.lance import _to_arrow  # noqa: E402
+from swmcli.data.storage.lance import _to_arrow, io_uring_allowed  # noqa: E402
 
 CLIPS, HISTORY, LENGTH, RESOLUTION = 64, 3, 10, 8
 
@@ -53,8 +60,47 @@ def table(rows: int):
     )
 
 
-def take_ms(dataset, rows: int, columns: list[str], takes: int, seed: int) -> float:
-    """Median ms of one take of 64 clips' rows at random starts, after 10 unmeasured takes."""
+def pread_ms(path: Path, takes: int, seed: int) -> float:
+    """Median ms of 64 reads of 4 KiB at random 4 KiB-aligned offsets of the Lance data files
+    under ``path`` (one file drawn per read, by its size), after 10 unmeasured rounds."""
+    files = sorted((path / "data").glob("*.lance"))
+    sizes = np.array([file.stat().st_size for file in files])
+    descriptors = [os.open(file, os.O_RDONLY) for file in files]
+    rng = np.random.default_rng(seed)
+    times = []
+    try:
+        for index in range(takes + 10):
+            which = rng.choice(len(files), CLIPS, p=sizes / sizes.sum())
+            offsets = rng.integers(0, np.maximum(sizes[which] - 4096, 1)) // 4096 * 4096
+            start = time.perf_counter()
+            for file, offset in zip(which.tolist(), offsets.tolist(), strict=True):
+                os.pread(descriptors[file], 4096, offset)
+            if index >= 10:
+                times.append(time.perf_counter() - start)
+    finally:
+        for descriptor in descriptors:
+            os.close(descriptor)
+    return 1000 * statistics.median(times)
+
+
+def measure(lance, path: Path, takes: int) -> list[float]:
+    """One table row's figures for the Lance dataset at ``path``."""
+    plain = lance.dataset(str(path.absolute()))
+    rows = plain.count_rows()
+    frames = [take_ms(plain, rows, ["pixels"], takes, seed=0)]
+    uring = None
+    if io_uring_allowed():
+        uring = lance.dataset("file+uring://" + str(path.absolute()))
+        frames.append(take_ms(uring, rows, ["pixels"], takes, seed=0))
+    else:
+        frames.append((math.nan, math.nan))
+    small, _ = take_ms(uring or plain, rows, ["action", "reward"], takes, seed=1)
+    return [*(ms for pair in frames for ms in pair), small, pread_ms(path, takes, seed=2)]
+
+
+def take_ms(dataset, rows: int, columns: list[str], takes: int, seed: int) -> tuple[float, float]:
+    """Median ms of one take of 64 clips' rows at random starts, after 10 unmeasured takes, and
+    the CPU ms the process (every thread of it, Lance's own) spent a take on average."""
     rng = np.random.default_rng(seed)
     batches = [
         np.unique(np.sort(rng.integers(0, rows - HISTORY, CLIPS))[:, None] + np.arange(HISTORY))
@@ -62,11 +108,13 @@ def take_ms(dataset, rows: int, columns: list[str], takes: int, seed: int) -> fl
     ]
     times = []
     for index, batch in enumerate(batches):
+        if index == 10:
+            cpu = time.process_time()
         start = time.perf_counter()
         dataset.take(batch, columns=columns)
         if index >= 10:
             times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    return 1000 * statistics.median(times), 1000 * (time.process_time() - cpu) / takes
 
 
 def main() -> None:
@@ -80,34 +128,33 @@ def main() -> None:
     import lance
 
     print(f"{CLIPS} clips of {HISTORY} rows a take, median of {args.takes}; (ratio to the first)")
-    print("| rows in the file | frames take | action + reward take |")
-    print("| --- | --- | --- |")
+    if not io_uring_allowed():
+        print("io_uring: refused by this kernel or container (no figures through it)")
+    print(
+        "| rows | frames take, file:// | its CPU | frames take, file+uring:// | its CPU "
+        f"| action + reward take | {CLIPS} preads of 4 KiB |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     base = None
     with tempfile.TemporaryDirectory(prefix="swm-take-span-", dir=args.dir) as scratch:
         for rows in args.rows:
-            path = str(Path(scratch) / f"span-{rows}.lance")
-            dataset = lance.write_dataset(
-                table(rows), path, data_storage_version="2.1", max_rows_per_file=rows
+            path = Path(scratch) / f"span-{rows}.lance"
+            lance.write_dataset(
+                table(rows), str(path), data_storage_version="2.1", max_rows_per_file=rows
             )
-            row = [
-                take_ms(dataset, rows, ["pixels"], args.takes, seed=0),
-                take_ms(dataset, rows, ["action", "reward"], args.takes, seed=1),
-            ]
-            base = print_row(f"{rows:,}", row, base)
+            base = print_row(f"{rows:,}", measure(lance, path, args.takes), base)
     for path in args.datasets:
-        dataset = lance.dataset(str(path))
-        rows = dataset.count_rows()
-        row = [
-            take_ms(dataset, rows, ["pixels"], args.takes, seed=0),
-            take_ms(dataset, rows, ["action", "reward"], args.takes, seed=1),
-        ]
-        base = print_row(f"{rows:,} ({path.name})", row, base)
+        rows = lance.dataset(str(path.absolute())).count_rows()
+        base = print_row(f"{rows:,} ({path.name})", measure(lance, path, args.takes), base)
 
 
 def print_row(name: str, row: list[float], base: list[float] | None) -> list[float]:
     """One table line, with the ratio to ``base`` (the first line's); returns the base."""
     base = base or row
-    cells = [f"{ms:.2f} ms ({ms / first:.2f}x)" for ms, first in zip(row, base, strict=True)]
+    cells = [
+        "-" if math.isnan(ms) else f"{ms:.2f} ms ({ms / first:.2f}x)"
+        for ms, first in zip(row, base, strict=True)
+    ]
     print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
     return base
 

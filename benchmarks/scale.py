@@ -20,7 +20,8 @@ no figure includes an import, and never opens a dataset):
   would pay more of them the larger the dataset; ``--checked-batches`` caps it, for folder
   datasets, whose PNG frames make an epoch of 10,000 episodes take minutes), then over
   ``--batches`` batches of a loader
-  that skips the checks (the loader's own cost), and the reader's peak RSS;
+  that skips the checks (the loader's own cost), each with the CPU time the process spent a
+  clip (all its threads: what a busy machine moves less than clips/s), and the reader's peak RSS;
 - bytes on disk per step.
 
 The appends and reads run in ``--rounds`` rounds, each over every size, so that the machine's
@@ -134,16 +135,18 @@ def read(path: Path, batches: int, checked_batches: int) -> dict:
     next(batches_of)
     first = time.perf_counter()
     # The rest of the first epoch (at least one batch: a toy dataset's epoch can be one batch).
-    checked = time_batches(batches_of, checked_batches or max(1, len(loader) - 1))
+    checked, checked_cpu = time_batches(batches_of, checked_batches or max(1, len(loader) - 1))
     dataset.__class__ = Unchecked
     batches_of = iter_batches(make_loader(dataset, batch_size=BATCH, num_workers=WORKERS, seed=1))
     next(batches_of)
-    unchecked = time_batches(batches_of, batches)
+    unchecked, unchecked_cpu = time_batches(batches_of, batches)
     return {
         "open_s": opened - start,
         "first_batch_s": first - opened,
         "clips_per_s": checked,
+        "clip_cpu_us": checked_cpu,
         "unchecked_per_s": unchecked,
+        "unchecked_cpu_us": unchecked_cpu,
         "read_rss": peak_rss_bytes(),
     }
 
@@ -154,12 +157,14 @@ def iter_batches(loader):
         yield from loader
 
 
-def time_batches(batches_of, batches: int) -> float:
-    """Clips/s over the next ``batches`` batches."""
-    start = time.perf_counter()
+def time_batches(batches_of, batches: int) -> tuple[float, float]:
+    """Clips/s over the next ``batches`` batches, and the CPU time the process (every thread of
+    it: the reader threads, Lance's own) spent a clip, in µs: less moved by a busy machine."""
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(batches):
         next(batches_of)
-    return batches * BATCH / (time.perf_counter() - start)
+    clips = batches * BATCH
+    return clips / (time.perf_counter() - start), 1e6 * (time.process_time() - cpu) / clips
 
 
 def buffer_round(steps: int, rounds: int) -> dict:
@@ -183,7 +188,9 @@ COLUMNS = [  # (key, heading, format)
     ("open_s", "open s", "{:.3f}"),
     ("first_batch_s", "1st batch s", "{:.3f}"),
     ("clips_per_s", "epoch clips/s", "{:.0f}"),
+    ("clip_cpu_us", "epoch CPU µs/clip", "{:.1f}"),
     ("unchecked_per_s", "unchecked clips/s", "{:.0f}"),
+    ("unchecked_cpu_us", "unchecked CPU µs/clip", "{:.1f}"),
     ("read_rss", "read RSS MB", "{:.0f}"),
     ("disk_per_step", "disk B/step", "{:.0f}"),
 ]

@@ -697,3 +697,30 @@ def test_hdf5_opens_from_the_index_tail_and_checks_the_whole_index_on_first_use(
         reader.episode_lengths  # noqa: B018 (the first use is the check)
     with pytest.raises(DatasetError, match="disagree"):
         load_dataset(path, history_len=2)
+
+
+def test_lance_reads_through_io_uring_where_allowed_and_writes_through_the_plain_store(
+    tmp_path, monkeypatch, capfd
+):
+    """A reader reads through io_uring where the kernel lets this process set one up, else
+    through Lance's plain local store: the same rows either way. A writer appending to the
+    dataset commits through the plain store (Lance commits through ``file+uring://`` without
+    its safe commit handler, and says so)."""
+    from swmcli.data.storage import lance
+
+    path = tmp_path / "d.lance"
+    write(path, [make_episode(seed, 4 + seed, resolution=8) for seed in range(3)])
+    fast = open_reader(path)
+    assert fast._dataset.uri.startswith("file+uring://") == lance.io_uring_allowed()
+    monkeypatch.setattr(lance, "io_uring_allowed", lambda: False)  # as in a container refusing it
+    plain = open_reader(path)
+    assert not plain._dataset.uri.startswith("file+uring://")
+    for episode in range(3):
+        for key, values in fast.read_episode(episode).items():
+            np.testing.assert_array_equal(values, plain.read_episode(episode)[key])
+    monkeypatch.undo()
+    with open_writer(path, mode="append") as writer:
+        assert not writer._writer._dataset.uri.startswith("file+uring://")  # what it commits on
+        writer.write_episode(make_episode(7, 3, resolution=8))
+    assert "unsafe commit handler" not in capfd.readouterr().err.lower()
+    assert open_reader(path).num_episodes == 4

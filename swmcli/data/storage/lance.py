@@ -27,15 +27,24 @@ On object storage (``s3://``) a commit writes the episode's data file, then the 
 names it: a writer killed in between leaves an unreferenced file and the dataset at its last
 episode.
 
+A reader of a local dataset reads through Linux's io_uring (Lance's ``file+uring://`` store) where
+this process may set one up (``io_uring_allowed``): Lance's plain local store hands each read to
+a thread, and a batch of a large dataset is one read per clip; through io_uring a take of 64
+clips from a million rows costs about half the time and CPU. Writers and deletes always go
+through the plain store (Lance commits through ``file+uring://`` without its safe commit
+handler).
+
 Lance is not fork-safe: a process forked after this one opened a dataset may crash when it reads.
 ``opened_in_this_process()`` tells the DataLoader factory whether it may still fork, and a reader
 opened in such a forked child refuses with a clear error instead of crashing at random.
 """
 
+import ctypes
 import functools
 import json
 import os
 import struct
+import sys
 import threading
 from datetime import timedelta
 
@@ -89,6 +98,10 @@ _TAKE_BYTES = 64 * 2**20
 # scattered row by decoding its column's block: 64 clips of a large dataset touch 64 blocks a
 # column (about 5x a batch of a 1,000-episode dataset, whose columns are a few blocks each).
 _RESIDENT_SHARE = 1 / 32
+# io_uring_setup(2) (the same number on every Linux architecture) and the queue depth Lance's
+# io_uring threads ask for (LANCE_URING_QUEUE_DEPTH): the probe sets up a ring that size.
+_IO_URING_SETUP = 425
+_URING_ENTRIES = 16 * 1024
 _DAMAGED_HINT = "the dataset is damaged (a missing or truncated file): restore it or collect again"
 _opened_by: int | None = None  # the pid that first opened a Lance dataset (inherited by a fork)
 
@@ -229,14 +242,16 @@ class LanceReader:
     format = "lance"
     metadata_sealed = True  # checked on open
 
-    def __init__(self, path: Location):
+    def __init__(self, path: Location, uring: bool = True):
+        """``uring``: read through io_uring where this process may (see the module's notes);
+        a writer's reader does not, as a writer reuses its dataset to commit."""
         self.path = path
         _mark_opened()
         # Held while open: a writer deletes no file this reader's version may still use (a local
         # lock file; object storage has none).
         self._lock = None if loc.is_remote(self.path) else ReaderLock(self.path)
         try:
-            self._dataset = _open_dataset(self.path)
+            self._dataset = _open_dataset(self.path, uring)
             if self._lock is not None:
                 self._lock.pin(self._dataset.version)
             raw = (self._dataset.schema.metadata or {}).get(b"swm")
@@ -456,10 +471,31 @@ class LanceReader:
             self._lock.release()
 
 
-def _open_dataset(path: Location):
+def _open_dataset(path: Location, uring: bool = False):
+    """The dataset at ``path``; ``uring``: read through io_uring where this process may (for
+    reading only: Lance commits through that store without its safe commit handler)."""
     import lance
 
-    return lance.dataset(_uri(path), storage_options=loc.lance_storage_options(path))
+    uri = _uri(path)
+    if uring and not loc.is_remote(path) and io_uring_allowed():
+        uri = "file+uring://" + uri
+    return lance.dataset(uri, storage_options=loc.lance_storage_options(path))
+
+
+@functools.cache
+def io_uring_allowed() -> bool:
+    """Whether this process may set up an io_uring as large as Lance's (Linux 5.1 or later, and
+    not refused by a container's seccomp filter, ``kernel.io_uring_disabled`` or a locked-memory
+    limit): asked once, of the kernel itself, as Lance's reader would fail otherwise."""
+    if sys.platform != "linux":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed: the defaults
+    ring = libc.syscall(ctypes.c_long(_IO_URING_SETUP), ctypes.c_uint(_URING_ENTRIES), params)
+    if ring < 0:
+        return False
+    os.close(ring)
+    return True
 
 
 def _check_arrow_types(where: Location, fields, schema) -> None:
@@ -556,7 +592,7 @@ class LanceWriter:
                 self._cleanup()  # versions a killed writer left behind
 
     def _resume(self) -> None:
-        reader = LanceReader(self.path)
+        reader = LanceReader(self.path, uring=False)
         check_metadata(reader.metadata, self._user_metadata, self.path)
         self.schema = reader.keys
         self._arrow = reader._dataset.schema
