@@ -145,7 +145,9 @@ def test_version_and_shell_completion(installed):
 
     swm, env, work = installed["swm"], installed["env"], installed["work"]
     assert run(swm, "--version", cwd=work, env=env).stdout.strip() == f"swm {__version__}"
-    script = run(swm, "--show-completion", "bash", cwd=work, env=env).stdout
+    # Asked from bash, as a user types it: typer names the shell by the process's ancestors (a
+    # pytest started by an IDE or a bare process runner has no shell above it).
+    script = run("bash", "-c", f"'{swm}' --show-completion; exit $?", cwd=work, env=env).stdout
     assert "_SWM_COMPLETE=complete_bash" in script
     # What the installed script asks when a user presses TAB after `swm tr`:
     env = {**env, "_SWM_COMPLETE": "complete_bash", "COMP_WORDS": "swm tr", "COMP_CWORD": "1"}
