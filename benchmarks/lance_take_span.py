@@ -3,19 +3,20 @@ Lance's loader rows of ``benchmarks/scale.py`` at 10,000 and 100,000 episodes.
 
     python benchmarks/lance_take_span.py
     python benchmarks/lance_take_span.py --rows 10000 40960 327680 --takes 50
+    python benchmarks/lance_take_span.py --rows 1000000 --fragments 8
 
-For each size, one Lance file (one fragment, written by ``lance.write_dataset``) holds that many
-rows of the scale benchmark's frames (8x8x3, each an LZ4 frame as swm stores them); then the
-same kind of take as the loader's, 64 clips of 3 consecutive rows at random starts (sorted),
-``--takes`` times: the median time of one take of the frames, and the CPU time the process spent
-a take (every thread's), through Lance's plain local store (``file://``) and through its io_uring
-store (``file+uring://``, what swm's readers use where the kernel allows it), and the median time
-of a take of the small columns (action and reward) for comparison. The rows
-and their bytes are the same at every size; only how far apart they lie changes. The last
-column is the floor under any reader: 64 ``os.pread`` of 4 KiB at random offsets of the same
-file, from the page cache (a small file's pages sit in the CPU's caches, a large one's do not).
-``--datasets`` times the same takes on existing swm Lance datasets too (those ``scale.py --keep
-DIR`` leaves, written episode by episode and merged).
+For each size, one Lance file (one fragment, written by ``lance.write_dataset``; ``--fragments``
+equal ones) holds that many rows of the scale benchmark's frames (8x8x3, each an LZ4 frame as swm
+stores them); then the same kind of take as the loader's, 64 clips of 3 consecutive rows at random
+starts (sorted), ``--takes`` times: the median time of one take of the frames, and the CPU time the
+process spent a take (every thread's), through Lance's plain local store (``file://``) and through
+its io_uring store (``file+uring://``, what swm's readers use where the kernel allows it), and the
+median time of a take of the small columns (action and reward) for comparison. The rows and their
+bytes are the same at every size; only how far apart they lie changes. The last column is the floor
+under any reader: 64 ``os.pread`` of 4 KiB at random offsets of the same file, from the page cache
+(a small file's pages sit in the CPU's caches, a large one's do not). ``--datasets`` times the same
+takes on existing swm Lance datasets too (those ``scale.py --keep DIR`` leaves, written episode by
+episode and merged).
 """
 
 import argparse
@@ -123,6 +124,10 @@ def main() -> None:
     parser.add_argument("--takes", type=int, default=200, help="takes timed per size and kind")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
     parser.add_argument("--datasets", type=Path, nargs="*", default=[], help="Lance datasets")
+    parser.add_argument(
+        "--fragments", type=int, default=1,
+        help="write each size as this many equal fragments (a take pays for each it touches)",
+    )  # fmt: skip
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="lance is not fork-safe")
     import lance
@@ -140,7 +145,10 @@ def main() -> None:
         for rows in args.rows:
             path = Path(scratch) / f"span-{rows}.lance"
             lance.write_dataset(
-                table(rows), str(path), data_storage_version="2.1", max_rows_per_file=rows
+                table(rows),
+                str(path),
+                data_storage_version="2.1",
+                max_rows_per_file=-(-rows // args.fragments),
             )
             base = print_row(f"{rows:,}", measure(lance, path, args.takes), base)
     for path in args.datasets:
