@@ -34,7 +34,7 @@ from swmcli.data.foreign.common import (
 )
 from swmcli.data.foreign.video import LanceVideos
 from swmcli.data.storage.containment import check_hdf5, check_side
-from swmcli.data.storage.lance import _mark_opened
+from swmcli.data.storage.lance import _mark_opened, _open_dataset
 from swmcli.data.storage.schema import FOLDER_METADATA
 from swmcli.errors import DatasetError, UsageError, first_line
 
@@ -197,7 +197,8 @@ class UpstreamLance:
         if self.path is None:
             raise DatasetError(f"{path}: no stable-worldmodel Lance table in it", DAMAGED_HINT)
         _mark_opened()  # this process now holds Lance: the DataLoader must not fork from it
-        self._dataset = self._guard(lambda: _open_lance(self.path))
+        # Read as swm's own Lance datasets are: through io_uring where the kernel allows it.
+        self._dataset = self._guard(lambda: _open_dataset(self.path, uring=True))
         schema = self._dataset.schema
         self._exported = _exported_schema(schema.metadata or {}, self.path)
         self._images, self._dims, self.columns, dropped = {}, {}, {}, {}
@@ -381,12 +382,6 @@ def _as_action(name: str, dtype) -> np.dtype:
     """A column's dtype as swm reads it: an action is a float (its episode's last row NaN)."""
     dtype = np.dtype(dtype)
     return np.dtype(np.float32) if name == "action" and dtype.kind != "f" else dtype
-
-
-def _open_lance(path: Path):
-    import lance
-
-    return lance.dataset(str(path.absolute()))
 
 
 # ----------------------------------------------------------------------------------- HDF5
