@@ -411,3 +411,20 @@ def test_lerobots_own_reader_reads_the_export(swm_dataset, tmp_path):
     dataset = lerobot.LeRobotDataset("swm/export", root=out, video_backend="pyav")
     assert len(dataset) == 15 - 3  # each episode's last row is no frame (no action there)
     assert tuple(dataset[0]["observation.images.pixels"].shape) == (3, 32, 32)
+
+
+def test_a_stable_worldmodel_lance_table_is_read_as_swm_reads_its_own(monkeypatch):
+    """Through io_uring where the kernel allows it, else Lance's plain store: the same rows."""
+    from swmcli.data.storage import lance
+
+    path = UPSTREAM / "0.1.1/tworoom.lance"
+    fast = open_reader(path)
+    assert fast._source._dataset.uri.startswith("file+uring://") == lance.io_uring_allowed()
+    monkeypatch.setattr(lance, "io_uring_allowed", lambda: False)
+    plain = open_reader(path)
+    assert not plain._source._dataset.uri.startswith("file+uring://")
+    for episode in range(fast.num_episodes):
+        for key, values in fast.read_episode(episode).items():
+            np.testing.assert_array_equal(values, plain.read_episode(episode)[key])
+    fast.close()
+    plain.close()
