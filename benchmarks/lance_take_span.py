@@ -35,14 +35,15 @@ from synth import make_episode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swmcli.data.storage.lance import _to_arrow, io_uring_allowed  # noqa: E402
+from swmcli.data.storage.lance import _image_field, _to_arrow, io_uring_allowed  # noqa: E402
 
 CLIPS, HISTORY, LENGTH, RESOLUTION = 64, 3, 10, 8
 
 
 def table(rows: int):
-    """``rows`` rows of the benchmark's episodes (each its own, as in ``scale.py``: repeated
-    values would let Lance store a dictionary): pixels (LZ4 frames), action, reward."""
+    """``rows`` rows of the benchmark's episodes (each its own, as in ``scale.py``): pixels
+    (LZ4 frames, in the column swm writes: no dictionary of a page's repeated frames), action,
+    reward."""
     import pyarrow as pa
 
     episodes = [
@@ -52,13 +53,12 @@ def table(rows: int):
         key: np.concatenate([episode[key] for episode in episodes])[:rows]
         for key in ("pixels", "action", "reward")
     }
-    return pa.table(
-        {
-            "pixels": _to_arrow(columns["pixels"], (RESOLUTION, RESOLUTION, 3)),
-            "action": _to_arrow(columns["action"], (2,)),
-            "reward": _to_arrow(columns["reward"], ()),
-        }
+    action, reward = _to_arrow(columns["action"], (2,)), _to_arrow(columns["reward"], ())
+    schema = pa.schema(
+        [_image_field("pixels"), pa.field("action", action.type), pa.field("reward", reward.type)]
     )
+    pixels = _to_arrow(columns["pixels"], (RESOLUTION, RESOLUTION, 3))
+    return pa.Table.from_arrays([pixels, action, reward], schema=schema)
 
 
 def pread_ms(path: Path, takes: int, seed: int) -> float:

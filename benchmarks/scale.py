@@ -19,8 +19,8 @@ no figure includes an import, and never opens a dataset):
   it, so an epoch pays each row's check once whatever the size, where a fixed number of batches
   would pay more of them the larger the dataset; ``--checked-batches`` caps it, for folder
   datasets, whose PNG frames make an epoch of 10,000 episodes take minutes), then over
-  ``--batches`` batches of a loader
-  that skips the checks (the loader's own cost), each with the CPU time the process spent a
+  ``--batches`` batches (or as many as ``--seconds`` allow: folder datasets decode PNGs) of a
+  loader that skips the checks (the loader's own cost), each with the CPU time the process spent a
   clip (all its threads: what a busy machine moves less than clips/s), and the reader's peak RSS;
 - bytes on disk per step.
 
@@ -38,6 +38,7 @@ to compare them.
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -126,7 +127,7 @@ def append(path: Path, seed: int) -> dict:
     return {"append_s": seconds, "steps": steps}
 
 
-def read(path: Path, batches: int, checked_batches: int) -> dict:
+def read(path: Path, batches: int, checked_batches: int, seconds: float = math.inf) -> dict:
     start = time.perf_counter()
     dataset = load_dataset(path, history_len=HISTORY_LEN)
     opened = time.perf_counter()
@@ -135,11 +136,13 @@ def read(path: Path, batches: int, checked_batches: int) -> dict:
     next(batches_of)
     first = time.perf_counter()
     # The rest of the first epoch (at least one batch: a toy dataset's epoch can be one batch).
-    checked, checked_cpu = time_batches(batches_of, checked_batches or max(1, len(loader) - 1))
+    checked, checked_cpu = time_batches(
+        batches_of, checked_batches or max(1, len(loader) - 1), math.inf
+    )
     dataset.__class__ = Unchecked
     batches_of = iter_batches(make_loader(dataset, batch_size=BATCH, num_workers=WORKERS, seed=1))
     next(batches_of)
-    unchecked, unchecked_cpu = time_batches(batches_of, batches)
+    unchecked, unchecked_cpu = time_batches(batches_of, batches, seconds)
     return {
         "open_s": opened - start,
         "first_batch_s": first - opened,
@@ -157,13 +160,16 @@ def iter_batches(loader):
         yield from loader
 
 
-def time_batches(batches_of, batches: int) -> tuple[float, float]:
-    """Clips/s over the next ``batches`` batches, and the CPU time the process (every thread of
-    it: the reader threads, Lance's own) spent a clip, in µs: less moved by a busy machine."""
+def time_batches(batches_of, batches: int, seconds: float) -> tuple[float, float]:
+    """Clips/s over the next ``batches`` batches (fewer where ``seconds`` pass first), and the
+    CPU time the process (every thread of it: the reader threads, Lance's own) spent a clip, in
+    µs: less moved by a busy machine."""
     start, cpu = time.perf_counter(), time.process_time()
-    for _ in range(batches):
+    done = 0
+    while done < batches and (done == 0 or time.perf_counter() - start < seconds):
         next(batches_of)
-    clips = batches * BATCH
+        done += 1
+    clips = done * BATCH
     return clips / (time.perf_counter() - start), 1e6 * (time.process_time() - cpu) / clips
 
 
@@ -205,7 +211,8 @@ def measure(scratch: Path, fmt: str, sizes: list[int], args) -> dict[int, dict]:
     for number in range(args.rounds):
         for size in sizes:
             measured = in_child(append, paths[size], size + number)
-            measured.update(in_child(read, paths[size], args.batches, args.checked_batches))
+            reading = (paths[size], args.batches, args.checked_batches, args.seconds)
+            measured.update(in_child(read, *reading))
             rounds[size].append(measured)
     for size, row in rows.items():
         for key in rounds[size][0]:
@@ -250,7 +257,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="episodes")
     parser.add_argument("--formats", nargs="*", default=list(SUFFIXES), choices=list(SUFFIXES))
-    parser.add_argument("--batches", type=int, default=100, help="unchecked batches timed")
+    # 100 batches of small frames pass in a fifth of a second, where this VM's speed moves.
+    parser.add_argument("--batches", type=int, default=1000, help="unchecked batches timed")
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="at most this long timing unchecked batches"
+    )
     parser.add_argument(
         "--checked-batches", type=int, default=0,
         help="checked batches timed (0: the rest of the first epoch)",

@@ -198,6 +198,28 @@ def test_lance_compacts_small_appends(tmp_path):
     assert len(lance.dataset(str(path)).get_fragments()) == 1
 
 
+def test_lance_frames_that_repeat_are_stored_whole_not_as_a_page_dictionary(tmp_path):
+    # Still frames repeat: Lance would store a page of them as a dictionary of its distinct
+    # frames, which every scattered take then reads whole. The frames are noise (stored raw), so
+    # the data files hold every frame's bytes only where no dictionary is used; they stay so
+    # after an appending writer rewrites the fragments.
+    from swmcli.data.storage.location import nbytes_under
+
+    path = tmp_path / "d.lance"
+    episodes = [make_episode(seed, 50) for seed in range(3)]
+    distinct = episodes[0]["pixels"][:2]
+    for episode in episodes:
+        episode["pixels"] = distinct[np.arange(50) % 2]
+    write(path, episodes[:2])
+    write(path, episodes[2:])
+    frames = sum(episode["pixels"].nbytes for episode in episodes)
+    assert nbytes_under(path / "data") >= frames
+    reader = open_reader(path)
+    for index, episode in enumerate(episodes):
+        assert_same_episode(reader.read_episode(index), episode)
+    reader.close()
+
+
 def test_hdf5_is_plain_h5py_with_episode_offsets(tmp_path):
     path = tmp_path / "d.h5"
     write(path, [make_episode(seed, n) for seed, n in enumerate((3, 5))])

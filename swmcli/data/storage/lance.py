@@ -1,18 +1,18 @@
 """Lance datasets: one row per observation, each frame an LZ4 frame in a binary column.
 
-Images (rows with two or more dimensions) go in a ``large_binary`` column, one value per frame:
-its raw bytes as one standard LZ4 frame (the ``lz4`` command's format, high-compression mode),
-with Lance's own compression off for that column (``swm:codec = lz4-frame`` in the field's
-metadata). A column whose first episode's frames LZ4 shrinks by less than ``RAW_BELOW``
+Images (rows with two or more dimensions) go in a ``large_binary`` column, one value per frame: its
+raw bytes as one standard LZ4 frame (the ``lz4`` command's format, high-compression mode), with
+Lance's own compression and page dictionaries off for that column (``swm:codec = lz4-frame`` in the
+field's metadata). A column whose first episode's frames LZ4 shrinks by less than ``RAW_BELOW``
 (noise, camera sensor data) stores its frames' raw bytes instead (``swm:codec = raw``): LZ4's
-high-compression mode costs its encode time whatever it saves. Lance's zstd over raw frames
-would cost ~50 ms of CPU per batch of 256 frames at 224x224, nearly all of it in Lance's take;
-LZ4 frames cost ~17 ms, take and decoding together, for 1.35x the bytes on disk on the benchmark
-frames. Plain readers decode a frame with
-``pyarrow.Codec("lz4").decompress(value, nbytes)`` (or ``lz4.frame.decompress``) and reshape it
-by the ``keys`` entry of the swm metadata. Vectors are ``fixed_size_list`` columns, scalars plain
-columns; the swm metadata (schema, env id, ...) is JSON in the Arrow schema metadata under
-``swm``, so plain ``lance``, ``lancedb`` and ``pyarrow`` read the dataset without swm.
+high-compression mode costs its encode time whatever it saves. Lance's zstd over raw frames would
+cost ~50 ms of CPU per batch of 256 frames at 224x224, nearly all of it in Lance's take; LZ4 frames
+cost ~17 ms, take and decoding together, for 1.35x the bytes on disk on the benchmark frames. Plain
+readers decode a frame with ``pyarrow.Codec("lz4").decompress(value, nbytes)`` (or
+``lz4.frame.decompress``) and reshape it by the ``keys`` entry of the swm metadata. Vectors are
+``fixed_size_list`` columns, scalars plain columns; the swm metadata (schema, env id, ...) is JSON
+in the Arrow schema metadata under ``swm``, so plain ``lance``, ``lancedb`` and ``pyarrow`` read
+the dataset without swm.
 
 Each ``write_episode`` is one Lance commit, so an episode is on disk or not at all. Many small
 commits make many small fragments, which slow reads down; the writer merges them by tiers, so an
@@ -84,6 +84,14 @@ _CODEC_SAMPLE = 8
 # plain LZ4's, 1.5x smaller on the benchmark frames and 3.5x on TwoRoom's, for 2-5x its encode time.
 _LZ4_LEVEL = 3
 _STORAGE_VERSION = "2.1"
+# Lance stores a page of values as a dictionary of its distinct values where they repeat (still
+# frames do) and reads a page's whole dictionary the first time a take touches the page, then
+# holds it: a loader's scattered takes read and hold every page's dictionary (2.7 MB each of the
+# scale benchmark's frames, 100 MB of a reader's memory at 100,000 episodes), and a take costs
+# 2.3x as much at 100,000 episodes as at 1,000, against 1.4x without. Image columns opt out
+# (Lance uses a dictionary where distinct values <= values / this divisor: never); repeated
+# frames cost their bytes on disk instead.
+_NO_DICTIONARY = {"lance-encoding:dict-divisor": str(2**32)}
 # Fragments of this many bytes (rows of 224x224 pixels: ~1,700) are merged no more; those under
 # _SMALL_BYTES are merged on close too.
 _FRAGMENT_BYTES = 256 * 2**20
@@ -157,12 +165,13 @@ def _arrow_schema(schema, metadata: dict, codecs: dict[str, str] | None = None):
 
 
 def _image_field(key: str, codec: str = LZ4_FRAME):
-    """An image column: frames in ``codec`` that Lance stores as they are. Lance keeps the
-    ``swm:codec`` entry in the dataset's schema but not its own ``lance-encoding`` hint, so an
-    appending writer sets the hint again."""
+    """An image column: frames in ``codec`` that Lance stores as they are, never as a dictionary
+    of a page's distinct frames (``_NO_DICTIONARY``). Lance keeps the ``swm:codec`` entry in the
+    dataset's schema but not its own ``lance-encoding`` hints, so an appending writer sets them
+    again."""
     import pyarrow as pa
 
-    hints = {"lance-encoding:compression": "none", CODEC: codec}
+    hints = {"lance-encoding:compression": "none", **_NO_DICTIONARY, CODEC: codec}
     return pa.field(key, pa.large_binary(), metadata=hints)
 
 
