@@ -24,6 +24,12 @@ no figure includes an import, and never opens a dataset):
   clip (all its threads: what a busy machine moves less than clips/s), and the reader's peak RSS;
 - bytes on disk per step.
 
+``--assemble`` sizes (Lance only; a million episodes one ``write_episode`` at a time take hours
+here) are written in one go instead: the same episodes, in the fragments the writer's tiers leave
+after writing them one at a time (``LanceWriter``'s own merge rule, played on the row counts),
+each fragment one Lance write of the rows a writer would have merged into it. Their write figures
+are left out (``-``).
+
 The appends and reads run in ``--rounds`` rounds, each over every size, so that the machine's
 load moves the sizes together; a figure is the median of the rounds (RSS: the largest).
 
@@ -112,6 +118,45 @@ def write(path: Path, fmt: str, episodes: int) -> dict:
     writer.close()
     seconds = time.perf_counter() - start
     return {"write_ms": 1000 * seconds / episodes, "write_rss": peak_rss_bytes()}
+
+
+def assemble(path: Path, episodes: int) -> dict:
+    """``episodes`` episodes as a Lance dataset in the fragments the writer's tiers leave after
+    writing them one at a time; no write figures."""
+    import lance
+    import pyarrow as pa
+
+    from swmcli.data.storage.lance import _STORAGE_VERSION, _merge_group, _uri
+
+    guarded = open_writer(path, format="lance", mode="overwrite")  # holds the writer lock
+    writer = guarded._writer
+    writer._start(make_episode(0, length=LENGTH, res=RESOLUTION))
+    small, large = writer._merge_limits()
+    fragments: list[int] = []  # episodes a fragment
+    for index in range(episodes):
+        fragments.append(1)
+        for closing in (False, True) if index == episodes - 1 else (False,):
+            while group := _merge_group([n * LENGTH for n in fragments], small, large, closing):
+                fragments[group] = [sum(fragments[group])]
+    first = 0
+    for count in fragments:
+        indices = range(first, first + count)
+        batches = (
+            pa.concat_tables(
+                [writer._table(make_episode(i, length=LENGTH, res=RESOLUTION), i) for i in chunk]
+            ).to_batches()
+            for chunk in (indices[at : at + 1000] for at in range(0, count, 1000))
+        )
+        lance.write_dataset(
+            pa.RecordBatchReader.from_batches(writer._arrow, (b for bs in batches for b in bs)),
+            _uri(path),
+            mode="append" if first else "create",
+            max_rows_per_file=count * LENGTH,
+            data_storage_version=_STORAGE_VERSION,
+        )
+        first += count
+    guarded.close()
+    return {"write_ms": None, "write_rss": None}
 
 
 def append(path: Path, seed: int) -> dict:
@@ -206,7 +251,9 @@ def measure(scratch: Path, fmt: str, sizes: list[int], args) -> dict[int, dict]:
     """Every size's row: the writes one after the other, then the appends and reads in rounds,
     each round over every size (the machine's load moves them together), medians of the rounds."""
     paths = {size: scratch / f"data-{size}{SUFFIXES[fmt]}" for size in sizes}
-    rows = {size: written(paths[size], fmt, size, args.keep) for size in sizes}
+    rows = {
+        size: written(paths[size], fmt, size, args.keep, size in args.assemble) for size in sizes
+    }
     rounds = {size: [] for size in sizes}
     for number in range(args.rounds):
         for size in sizes:
@@ -220,20 +267,21 @@ def measure(scratch: Path, fmt: str, sizes: list[int], args) -> dict[int, dict]:
             row[key] = max(values) if key == "read_rss" else statistics.median(values)
         row["disk_per_step"] = nbytes_under(paths[size]) / (rounds[size][-1]["steps"])
         for key in ("write_rss", "read_rss"):
-            row[key] /= 2**20
+            row[key] = None if row[key] is None else row[key] / 2**20
         if not args.keep:
             remove(paths[size])
     return rows
 
 
-def written(path: Path, fmt: str, episodes: int, keep: bool) -> dict:
-    """The write's row: written now, or (``--keep``) read back from the record of an earlier run
-    that wrote this dataset (its appends since then are in its episode count)."""
+def written(path: Path, fmt: str, episodes: int, keep: bool, assembled: bool) -> dict:
+    """The write's row: written now (``assembled``: by ``assemble``), or (``--keep``) read back
+    from the record of an earlier run that wrote this dataset (its appends since then are in its
+    episode count)."""
     record = path.with_name(path.name + ".json")
     if keep and record.exists() and path.exists():
         return json.loads(record.read_text())
     remove(path)
-    row = in_child(write, path, fmt, episodes)
+    row = in_child(assemble, path, episodes) if assembled else in_child(write, path, fmt, episodes)
     if keep:
         record.write_text(json.dumps(row))
     return row
@@ -246,6 +294,9 @@ def remove(path: Path) -> None:
 def print_row(fmt: str, size: int, row: dict, base: dict) -> None:
     cells = []
     for key, _, spec in COLUMNS:
+        if row[key] is None or base[key] is None:
+            cells.append("-" if row[key] is None else spec.format(row[key]))
+            continue
         cell = spec.format(row[key])
         if base is not row:
             cell += f" ({row[key] / base[key]:.2f}x)"
@@ -269,6 +320,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="appends and reads per size")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
     parser.add_argument(
+        "--assemble", type=int, nargs="*", default=[],
+        help="sizes (Lance) written in one go in the tiers' fragments, not episode by episode",
+    )  # fmt: skip
+    parser.add_argument(
         "--keep", type=Path, default=None,
         help="keep the datasets in this directory and reuse them in later runs (no rewrite)",
     )  # fmt: skip
@@ -278,6 +333,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--buffer-rounds", type=int, default=3000, help="add + sample timed")
     args = parser.parse_args()
+    if args.assemble and set(args.formats) != {"lance"}:
+        parser.error("--assemble writes Lance datasets: give --formats lance")
     import_readers_and_writers()
     print(
         f"episodes of {LENGTH} steps, {RESOLUTION}x{RESOLUTION} frames; history {HISTORY_LEN},"

@@ -85,6 +85,37 @@ def test_scale_benchmark_prints_each_size_with_its_ratio(tmp_path):
     assert list(tmp_path.iterdir()) == []  # every dataset deleted
 
 
+def test_scale_benchmark_assembles_the_fragments_and_rows_the_writer_leaves(tmp_path, monkeypatch):
+    """scale.py --assemble: a dataset written in one go in the fragments the tiers leave holds
+    what the writer writes episode by episode, in the same fragments (merged by tier, then on
+    close)."""
+    import lance
+
+    from swmcli.data.formats import open_reader
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("scale", ROOT / "benchmarks" / "scale.py")
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    written, assembled = tmp_path / "written.lance", tmp_path / "assembled.lance"
+    scale.write(written, "lance", 600)
+    assert scale.assemble(assembled, 600) == {"write_ms": None, "write_rss": None}
+    layouts = [
+        [fragment.count_rows() for fragment in lance.dataset(str(path)).get_fragments()]
+        for path in (written, assembled)
+    ]
+    assert layouts[0] == layouts[1] and len(layouts[0]) == 2  # a tier's merge, then the close's
+    readers = [open_reader(path) for path in (written, assembled)]
+    rows = np.arange(readers[0].num_steps)
+    assert readers[0].metadata == readers[1].metadata
+    assert np.array_equal(*(reader.read_row_checksums(rows) for reader in readers))
+    for index in (0, 299, 599):
+        first, second = (reader.read_episode(index) for reader in readers)
+        assert all(np.array_equal(first[k], second[k], equal_nan=True) for k in first)
+    for reader in readers:
+        reader.close()
+
+
 def test_write_throughput_benchmark_prints_each_format_and_kind(tmp_path):
     """benchmarks/write_throughput.py at a toy size, one format: two writes, one process each."""
     out = _run(

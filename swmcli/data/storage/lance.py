@@ -619,28 +619,12 @@ class LanceWriter:
     def write_episode(self, episode) -> int:
         """Append one episode in a single commit; returns its episode_idx."""
         import lance
-        import pyarrow as pa
 
         _mark_opened()
         if self.schema is None:
-            self.schema = episode_schema(episode)
-            _check_column_names(self.schema)
-            meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
-            images = [key for key, (_, shape) in self.schema.items() if is_image(shape)]
-            self._codecs = {key: choose_codec(np.asarray(episode[key])) for key in images}
-            self._arrow = _arrow_schema(self.schema, meta, self._codecs)
+            self._start(episode)
         check_schema(self.schema, episode, self.path)
-        length = len(next(iter(episode.values())))
-        columns = [
-            pa.array(np.full(length, self.num_episodes, dtype=np.int64)),
-            pa.array(np.arange(length, dtype=np.int32)),
-            *(
-                _to_arrow(np.asarray(episode[k]), shape, self._codecs.get(k))
-                for k, (_, shape) in self.schema.items()
-            ),
-            _to_arrow(row_checksums(episode, list(self.schema)), (len(self.schema),)),
-        ]
-        table = pa.Table.from_arrays(columns, schema=self._arrow)
+        table = self._table(episode, self.num_episodes)
         self._dataset = lance.write_dataset(
             table,
             _uri(self.path),
@@ -648,10 +632,42 @@ class LanceWriter:
             data_storage_version=_STORAGE_VERSION,
             storage_options=loc.lance_storage_options(self.path),
         )
-        self.num_steps += length
+        self.num_steps += table.num_rows
         self.num_episodes += 1
         self.compact()
         return self.num_episodes - 1
+
+    def _start(self, episode) -> None:
+        """The dataset's schema, from its first episode: keys, and a codec per image column."""
+        self.schema = episode_schema(episode)
+        _check_column_names(self.schema)
+        meta = build_metadata(self._user_metadata, self.schema, PIXEL_ENCODING)
+        images = [key for key, (_, shape) in self.schema.items() if is_image(shape)]
+        self._codecs = {key: choose_codec(np.asarray(episode[key])) for key in images}
+        self._arrow = _arrow_schema(self.schema, meta, self._codecs)
+
+    def _table(self, episode, index: int):
+        """Episode ``index``'s rows as an Arrow table of the dataset's schema."""
+        import pyarrow as pa
+
+        length = len(next(iter(episode.values())))
+        columns = [
+            pa.array(np.full(length, index, dtype=np.int64)),
+            pa.array(np.arange(length, dtype=np.int32)),
+            *(
+                _to_arrow(np.asarray(episode[k]), shape, self._codecs.get(k))
+                for k, (_, shape) in self.schema.items()
+            ),
+            _to_arrow(row_checksums(episode, list(self.schema)), (len(self.schema),)),
+        ]
+        return pa.Table.from_arrays(columns, schema=self._arrow)
+
+    def _merge_limits(self) -> tuple[int, int]:
+        """``(small, large)`` in rows: fragments under ``small`` rows are merged on close, those
+        of ``large`` rows or more never (``_SMALL_BYTES`` and ``_FRAGMENT_BYTES`` of rows)."""
+        row_bytes = sum(np.dtype(d).itemsize * int(np.prod(s)) for d, s in self.schema.values())
+        row_bytes = max(row_bytes, 1)
+        return max(1, _SMALL_BYTES // row_bytes), max(1024, _FRAGMENT_BYTES // row_bytes)
 
     def compact(self, closing: bool = False) -> None:
         """Merge what the tiers call for (one commit each), then delete superseded versions: on
@@ -659,13 +675,13 @@ class LanceWriter:
         of them, only when the writer closes."""
         if self._dataset is None:
             return
-        row_bytes = sum(np.dtype(d).itemsize * int(np.prod(s)) for d, s in self.schema.values())
+        small, large = self._merge_limits()
         merged = False
         while group := _merge_group(
             [fragment.metadata.physical_rows for fragment in self._dataset.get_fragments()],
-            small=max(1, _SMALL_BYTES // max(row_bytes, 1)),
-            large=max(1024, _FRAGMENT_BYTES // max(row_bytes, 1)),
-            closing=closing,
+            small,
+            large,
+            closing,
         ):
             self._merge(group)
             merged = True
