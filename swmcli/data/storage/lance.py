@@ -571,7 +571,7 @@ def _check_footer(data_file: Location, tail: bytes, size: int) -> None:
 def _lengths_from_ids(ids: np.ndarray, where: Location) -> np.ndarray:
     if ids.size == 0:
         return np.zeros(0, dtype=np.int64)
-    if ids[0] != 0 or np.any(np.diff(ids) < 0):
+    if ids[0] != 0 or np.any(ids[1:] < ids[:-1]):
         raise DatasetError(f"{where}: episode_idx is not in episode order", _DAMAGED_HINT)
     if ids[-1] >= ids.size:  # a damaged id would make bincount allocate ids[-1] counts
         raise DatasetError(f"{where}: episodes are missing from episode_idx", _DAMAGED_HINT)
