@@ -434,6 +434,46 @@ def test_a_lance_writer_cleans_every_version_but_the_one_a_reader_holds(tmp_path
     reader.close()
 
 
+def test_the_index_check_on_open_agrees_with_a_row_by_row_check():
+    # check_index compares neighbouring rows (no array of every row's expected values); its
+    # verdict must be the one of building those arrays, on whole and damaged indexes alike.
+    from swmcli.data.storage.schema import check_index
+
+    def row_by_row(lengths, ids, steps):
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        if not np.array_equal(ids, np.repeat(np.arange(len(lengths)), lengths)):
+            return "episode_idx"
+        if not np.array_equal(steps, np.arange(lengths.sum()) - starts):
+            return "step_idx"
+        return None
+
+    rng = np.random.default_rng(0)
+    verdicts = set()
+    for trial in range(3000):
+        lengths = rng.integers(0 if trial % 7 == 0 else 1, 5, rng.integers(1, 6))
+        ids = np.repeat(np.arange(len(lengths)), lengths)
+        steps = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        damage = trial % 5
+        if damage == 1 and len(ids):
+            ids[rng.integers(len(ids))] += rng.choice([-1, 1, 2])
+        elif damage == 2 and len(steps):
+            steps[rng.integers(len(steps))] += rng.choice([-1, 1])
+        elif damage == 3 and len(ids) > 1:
+            order = rng.permutation(len(ids))
+            ids, steps = ids[order], steps[order]
+        elif damage == 4:
+            lengths[rng.integers(len(lengths))] += 1
+        want = row_by_row(lengths, ids, steps) if len(ids) == lengths.sum() else "episode_idx"
+        try:
+            check_index(lengths, ids, steps.astype(np.int32), "d", "hint")
+            got = None
+        except DatasetError as error:
+            got = "episode_idx" if "episode_idx" in error.message else "step_idx"
+        assert got == want, (lengths, ids, steps)
+        verdicts.add(got)
+    assert verdicts == {None, "episode_idx", "step_idx"}
+
+
 def test_lance_merges_keep_few_fragments_and_rewrite_each_row_a_few_times():
     """The merge plan over 5,000 appended episodes of 10 rows: fragments stay a few per tier,
     and the rows rewritten stay a small multiple of the rows written."""
