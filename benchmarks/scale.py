@@ -140,15 +140,8 @@ def assemble(path: Path, episodes: int) -> dict:
                 fragments[group] = [sum(fragments[group])]
     first = 0
     for count in fragments:
-        indices = range(first, first + count)
-        batches = (
-            pa.concat_tables(
-                [writer._table(make_episode(i, length=LENGTH, res=RESOLUTION), i) for i in chunk]
-            ).to_batches()
-            for chunk in (indices[at : at + 1000] for at in range(0, count, 1000))
-        )
         lance.write_dataset(
-            pa.RecordBatchReader.from_batches(writer._arrow, (b for bs in batches for b in bs)),
+            pa.RecordBatchReader.from_batches(writer._arrow, rows_of(writer, first, count)),
             _uri(path),
             mode="append" if first else "create",
             max_rows_per_file=count * LENGTH,
@@ -157,6 +150,19 @@ def assemble(path: Path, episodes: int) -> dict:
         first += count
     guarded.close()
     return {"write_ms": None, "write_rss": None}
+
+
+def rows_of(writer, first: int, count: int):
+    """Episodes ``first .. first + count - 1`` as the writer builds their rows, in Arrow
+    batches of up to 1,000 episodes."""
+    import pyarrow as pa
+
+    for start in range(first, first + count, 1000):
+        indices = range(start, min(start + 1000, first + count))
+        episodes = (make_episode(i, length=LENGTH, res=RESOLUTION) for i in indices)
+        yield from pa.concat_tables(
+            [writer._table(episode, i) for i, episode in zip(indices, episodes, strict=True)]
+        ).to_batches()
 
 
 def append(path: Path, seed: int) -> dict:

@@ -293,30 +293,31 @@ def check_index(lengths: np.ndarray, episode_ids, step_ids, where, hint: str) ->
     lengths = np.asarray(lengths, dtype=np.int64)
     episode_ids, step_ids = np.asarray(episode_ids), np.asarray(step_ids)
     rows = int(lengths.sum())
-    if not (len(episode_ids) == rows and _ids_match(lengths, episode_ids)):
+    starts = offsets_from_lengths(lengths)
+    if not (len(episode_ids) == rows and _ids_match(lengths, starts, episode_ids)):
         raise DatasetError(f"{where}: episode_idx does not match the episode index", hint)
-    if not (len(step_ids) == rows and _steps_match(lengths, step_ids)):
+    if not (len(step_ids) == rows and _steps_match(lengths, starts, step_ids)):
         raise DatasetError(f"{where}: step_idx does not count the steps of each episode", hint)
 
 
 # The checks compare neighbouring rows instead of building each row's expected value: a million
 # episodes' index is ten million rows, and every array of them is memory to fault in (0.1-0.3 s
 # each on the benchmark VM).
-def _ids_match(lengths: np.ndarray, ids: np.ndarray) -> bool:
-    """``ids`` (as many as the rows) is episode ``i`` for each of episode ``i``'s rows."""
+def _ids_match(lengths: np.ndarray, starts: np.ndarray, ids: np.ndarray) -> bool:
+    """``ids`` (as many as the rows) is episode ``i`` for each of episode ``i``'s rows, which
+    start at ``starts[i]``."""
     if not len(ids) or np.any(lengths <= 0):  # no rows, or episodes of none: row by row
         return np.array_equal(ids, np.repeat(np.arange(len(lengths)), lengths))
-    starts = offsets_from_lengths(lengths)
     changes = np.flatnonzero(ids[1:] != ids[:-1]) + 1
     return np.array_equal(changes, starts[1:]) and np.array_equal(ids[starts], range(len(starts)))
 
 
-def _steps_match(lengths: np.ndarray, steps: np.ndarray) -> bool:
-    """``steps`` (as many as the rows) counts 0, 1, ... over each episode's rows."""
+def _steps_match(lengths: np.ndarray, starts: np.ndarray, steps: np.ndarray) -> bool:
+    """``steps`` (as many as the rows) counts 0, 1, ... over each episode's rows, which start
+    at ``starts[i]``."""
     if not len(steps) or np.any(lengths <= 0):  # no rows, or episodes of none: row by row
-        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-        return np.array_equal(steps, np.arange(int(lengths.sum())) - starts)
-    starts = offsets_from_lengths(lengths)
+        row_starts = np.repeat(starts[: len(lengths)], lengths)
+        return np.array_equal(steps, np.arange(int(lengths.sum())) - row_starts)
     counting = steps[1:] == steps[:-1] + 1
     counting[starts[1:] - 1] = True  # an episode's first row follows another episode's last
     return bool(np.all(steps[starts] == 0)) and bool(np.all(counting))
