@@ -178,6 +178,22 @@ def test_sample_draws_every_valid_start_uniformly():
     assert counts.min() > 850 and counts.max() < 1150  # 1,000 each expected (sd ~30)
 
 
+def test_the_clip_index_of_many_episodes_is_each_episodes_starts_in_order():
+    """Episodes of 0 to 12 rows (some too short for a clip), 30,000 of them: more clips than
+    ``clip_starts`` numbers at a time, against the index built episode by episode."""
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(0, 13, 30_000)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for span in (1, 3, 12):
+        pairs = zip(offsets, lengths, strict=True)
+        expected = [row for start, n in pairs for row in range(start, start + n - span + 1)]
+        starts = clip_starts(offsets, lengths, span)
+        assert starts.dtype == np.int64
+        np.testing.assert_array_equal(starts, expected)
+    assert len(clip_starts(offsets, lengths, 1)) > 2 * 2**16  # more than two blocks
+    assert clip_starts(offsets[:0], lengths[:0], 3).shape == (0,)
+
+
 def test_layout_of_a_clip():
     buf = ReplayBuffer(100, history_len=3, frameskip=2, seed=1)
     buf.add_episode(make_episode(7, 10, res=4))
