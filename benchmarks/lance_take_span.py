@@ -3,14 +3,16 @@ Lance's loader rows of ``benchmarks/scale.py`` at 10,000 and 100,000 episodes.
 
     python benchmarks/lance_take_span.py
     python benchmarks/lance_take_span.py --rows 10000 40960 327680 --takes 50
-    python benchmarks/lance_take_span.py --rows 1000000 --fragments 8
+    python benchmarks/lance_take_span.py --rows 1000000 --fragments 1 8 32
+    python benchmarks/lance_take_span.py --rows 1920 --resolution 224 --fragments 1 8 64 --takes 30
 
 For each size, one Lance file (one fragment, written by ``lance.write_dataset``; ``--fragments``
-equal ones) holds that many rows of the scale benchmark's frames (8x8x3, each an LZ4 frame as swm
-stores them); then the same kind of take as the loader's, 64 clips of 3 consecutive rows at random
-starts (sorted), ``--takes`` times: the median time of one take of the frames, and the CPU time the
-process spent a take (every thread's), through Lance's plain local store (``file://``) and through
-its io_uring store (``file+uring://``, what swm's readers use where the kernel allows it), and the
+equal ones, each count in turn) holds that many rows of the scale benchmark's frames (8x8x3, or
+``--resolution``; each an LZ4 frame as swm stores them); then the same kind of take as the
+loader's, 64 clips of 3 consecutive rows at random starts (sorted), ``--takes`` times: the median
+time of one take of the frames, and the CPU time the process spent a take (every thread's),
+through Lance's plain local store (``file://``) and through its io_uring store
+(``file+uring://``, what swm's readers use where the kernel allows it), and the
 median time of a take of the small columns (action and reward) for comparison. The rows and their
 bytes are the same at every size; only how far apart they lie changes. The last column is the floor
 under any reader: 64 ``os.pread`` of 4 KiB at random offsets of the same file, from the page cache
@@ -22,6 +24,7 @@ episode and merged).
 import argparse
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -37,17 +40,17 @@ sys.path.insert(0, str(ROOT))
 
 from swmcli.data.storage.lance import _image_field, _to_arrow, io_uring_allowed  # noqa: E402
 
-CLIPS, HISTORY, LENGTH, RESOLUTION = 64, 3, 10, 8
+CLIPS, HISTORY, LENGTH = 64, 3, 10
 
 
-def table(rows: int):
+def table(rows: int, resolution: int):
     """``rows`` rows of the benchmark's episodes (each its own, as in ``scale.py``): pixels
     (LZ4 frames, in the column swm writes: no dictionary of a page's repeated frames), action,
     reward."""
     import pyarrow as pa
 
     episodes = [
-        make_episode(seed, length=LENGTH, res=RESOLUTION) for seed in range(-(-rows // LENGTH))
+        make_episode(seed, length=LENGTH, res=resolution) for seed in range(-(-rows // LENGTH))
     ]
     columns = {
         key: np.concatenate([episode[key] for episode in episodes])[:rows]
@@ -57,7 +60,7 @@ def table(rows: int):
     schema = pa.schema(
         [_image_field("pixels"), pa.field("action", action.type), pa.field("reward", reward.type)]
     )
-    pixels = _to_arrow(columns["pixels"], (RESOLUTION, RESOLUTION, 3))
+    pixels = _to_arrow(columns["pixels"], (resolution, resolution, 3))
     return pa.Table.from_arrays([pixels, action, reward], schema=schema)
 
 
@@ -125,9 +128,11 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
     parser.add_argument("--datasets", type=Path, nargs="*", default=[], help="Lance datasets")
     parser.add_argument(
-        "--fragments", type=int, default=1,
-        help="write each size as this many equal fragments (a take pays for each it touches)",
+        "--fragments", type=int, nargs="+", default=[1],
+        help="write each size as this many equal fragments, each count in turn (a take pays "
+        "for each fragment it touches)",
     )  # fmt: skip
+    parser.add_argument("--resolution", type=int, default=8, help="frames' height and width")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="lance is not fork-safe")
     import lance
@@ -143,14 +148,18 @@ def main() -> None:
     base = None
     with tempfile.TemporaryDirectory(prefix="swm-take-span-", dir=args.dir) as scratch:
         for rows in args.rows:
-            path = Path(scratch) / f"span-{rows}.lance"
-            lance.write_dataset(
-                table(rows),
-                str(path),
-                data_storage_version="2.1",
-                max_rows_per_file=-(-rows // args.fragments),
-            )
-            base = print_row(f"{rows:,}", measure(lance, path, args.takes), base)
+            rows_table = table(rows, args.resolution)
+            for fragments in args.fragments:
+                path = Path(scratch) / f"span-{rows}-{fragments}.lance"
+                lance.write_dataset(
+                    rows_table,
+                    str(path),
+                    data_storage_version="2.1",
+                    max_rows_per_file=-(-rows // fragments),
+                )
+                name = f"{rows:,}" + (f" in {fragments} fragments" if fragments > 1 else "")
+                base = print_row(name, measure(lance, path, args.takes), base)
+                shutil.rmtree(path)
     for path in args.datasets:
         rows = lance.dataset(str(path.absolute())).count_rows()
         base = print_row(f"{rows:,} ({path.name})", measure(lance, path, args.takes), base)

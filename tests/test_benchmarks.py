@@ -215,8 +215,10 @@ def test_recurrent_planning_benchmark_counts_h_cell_steps_carried_and_more_rebui
 
 
 def test_lance_take_span_benchmark_prints_each_size_with_its_ratio(tmp_path):
-    """benchmarks/lance_take_span.py at toy sizes."""
-    args = ("--rows", "700", "1400", "--takes", "2", "--fragments", "2", "--dir", str(tmp_path))
-    out = _run("lance_take_span.py", *args)
-    assert "| 700 | " in out and "| 1,400 | " in out and "x) |" in out
+    """benchmarks/lance_take_span.py at toy sizes, each in one fragment and in two."""
+    args = ("--rows", "700", "1400", "--takes", "2", "--fragments", "1", "2", "--resolution", "16")
+    out = _run("lance_take_span.py", *args, "--dir", str(tmp_path))
+    for rows in ("700", "1,400"):
+        assert f"| {rows} | " in out and f"| {rows} in 2 fragments | " in out
+    assert "x) |" in out
     assert list(tmp_path.iterdir()) == []  # the scratch files deleted
