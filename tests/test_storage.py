@@ -721,12 +721,16 @@ def test_hdf5_checks_the_last_episodes_index_on_open_and_each_other_when_it_is_r
 
 def test_lance_small_columns_held_in_memory_read_as_the_takes_do(tmp_path, monkeypatch):
     """A Lance reader holds the small columns and checksums in memory where they fit its share
-    of the host's memory, else takes them per read: both give the same rows."""
+    of the host's memory (read whole 4 rows a batch here: batches that straddle episodes and
+    fragments), else takes them per read: both give the same rows."""
     from swmcli.data.storage import lance
 
     path = tmp_path / "d.lance"
+    monkeypatch.setattr(lance, "_SMALL_BYTES", 0)  # no merge on close: a fragment an episode
     write(path, [make_episode(seed, 5 + seed, resolution=8) for seed in range(3)])
+    assert len(lance.open_reader(path)._dataset.get_fragments()) == 3
     rows = np.array([9, 0, 9, 17, 4])
+    monkeypatch.setattr(lance, "_SCAN_ROWS", 4)
 
     def reads(reader) -> dict:
         read = reader.read_columns(["reward", "action"], rows, checksums=True)

@@ -106,6 +106,10 @@ _TAKE_BYTES = 64 * 2**20
 # scattered row by decoding its column's block: 64 clips of a large dataset touch 64 blocks a
 # column (about 5x a batch of a 1,000-episode dataset, whose columns are a few blocks each).
 _RESIDENT_SHARE = 1 / 32
+# Reading the small columns whole: rows a batch, and the bytes Lance may read ahead (its default,
+# gigabytes, held 0.2 GB more of a reader's memory at ten million rows, and no faster).
+_SCAN_ROWS = 2**16
+_SCAN_IO_BYTES = 32 * 2**20
 # io_uring_setup(2) (the same number on every Linux architecture) and the queue depth Lance's
 # io_uring threads ask for (LANCE_URING_QUEUE_DEPTH): the probe sets up a ring that size.
 _IO_URING_SETUP = 425
@@ -436,12 +440,35 @@ class LanceReader:
                 )
                 self._resident = {}
                 if row_bytes * self.num_steps <= _RESIDENT_SHARE * available_host_bytes():
-                    table = self._guard(
-                        lambda: self._dataset.to_table(columns=[*small, CHECKSUM_COLUMN])
-                    )
-                    self._resident = {key: self._decode(key, table.column(key)) for key in small}
-                    self._resident[CHECKSUM_COLUMN] = self._sums(table.column(CHECKSUM_COLUMN))
+                    self._resident = self._guard(lambda: self._read_whole(small))
             return self._resident or None
+
+    def _read_whole(self, keys: list[str]) -> dict[str, np.ndarray]:
+        """Every row of ``keys`` and of the checksums, ``{column: values}``, read in batches of
+        ``_SCAN_ROWS`` rows into arrays made once: the reader's memory holds these arrays and a
+        few batches, never a whole column's Arrow copy beside them."""
+        shapes = {key: self.keys[key] for key in keys}
+        shapes[CHECKSUM_COLUMN] = (np.dtype(np.uint32), (len(self.keys),))
+        out = {
+            column: np.empty((self.num_steps, *shape), d) for column, (d, shape) in shapes.items()
+        }
+        done = 0
+        scanner = self._dataset.scanner(
+            columns=list(shapes),
+            scan_in_order=True,
+            batch_size=_SCAN_ROWS,
+            batch_readahead=1,
+            fragment_readahead=1,
+            io_buffer_size=_SCAN_IO_BYTES,
+        )
+        for batch in scanner.to_batches():
+            for column, (dtype, shape) in shapes.items():
+                values = _from_arrow(batch.column(column), dtype, shape, self._codecs.get(column))
+                out[column][done : done + batch.num_rows] = values
+            done += batch.num_rows
+        if done != self.num_steps:
+            raise ValueError(f"{done} rows scanned, not {self.num_steps}")
+        return out
 
     def _checked(self, rows) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
