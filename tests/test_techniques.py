@@ -6,6 +6,7 @@ technique saves, predicted (test_memprofile.py holds each prediction to the real
 """
 
 import copy
+import gc
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -193,9 +194,13 @@ def test_gradient_accumulation_all_reduces_only_the_last_micro_batch(tmp_path):
         reduced = []
 
         def count(state, bucket):
+            # All-reduced here, not chained on gloo's future: a Python callback would leave gloo's
+            # thread wanting the GIL, which the reducer's deallocation holds while it joins them.
             reduced.append(bucket.index())
-            work = dist.all_reduce(bucket.buffer(), async_op=True)
-            return work.get_future().then(lambda future: future.value()[0])
+            dist.all_reduce(bucket.buffer())
+            done = torch.futures.Future()
+            done.set_result(bucket.buffer())
+            return done
 
         ddp.register_comm_hook(None, count)
         optimizer = torch.optim.AdamW(ddp.parameters())
@@ -203,6 +208,10 @@ def test_gradient_accumulation_all_reduces_only_the_last_micro_batch(tmp_path):
         optimizer_step(ddp, optimizer, iter(batches), make_runner(), 1.0, micro_batches=3)
         assert len(reduced) == 1
     finally:
+        # DDP's reducer holds the group: dropped first, the group goes inside
+        # destroy_process_group, as `swm train` does it, not in the reducer's deallocation.
+        ddp = optimizer = None
+        gc.collect()
         dist.destroy_process_group()
 
 
