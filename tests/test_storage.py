@@ -728,7 +728,9 @@ def test_lance_small_columns_held_in_memory_read_as_the_takes_do(tmp_path, monke
     path = tmp_path / "d.lance"
     monkeypatch.setattr(lance, "_SMALL_BYTES", 0)  # no merge on close: a fragment an episode
     write(path, [make_episode(seed, 5 + seed, resolution=8) for seed in range(3)])
-    assert len(lance.open_reader(path)._dataset.get_fragments()) == 3
+    probe = lance.open_reader(path)
+    assert len(probe._dataset.get_fragments()) == 3
+    probe.close()
     rows = np.array([9, 0, 9, 17, 4])
     monkeypatch.setattr(lance, "_SCAN_ROWS", 4)
 
