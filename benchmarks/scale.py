@@ -4,13 +4,15 @@ format, with every figure's ratio to the smallest size.
     python benchmarks/scale.py                                     # 1k and 10k, every format
     python benchmarks/scale.py --sizes 1000 10000 100000 --formats lance hdf5
     python benchmarks/scale.py --formats                           # the ReplayBuffer rows only
+    python benchmarks/scale.py --formats lance --resolution 64     # frames of 64x64 pixels
 
 For each format and size, in fresh forked processes (this one imports the libraries, so that
 no figure includes an import, and never opens a dataset):
 
-- write: the episodes (``make_episode(i, length=10, res=8)`` of ``benchmarks/synth.py``) through
-  ``open_writer``, one ``write_episode`` each, then ``close``: ms per episode and the writer's
-  peak RSS;
+- write: the episodes (``make_episode(i, length=10, res=8)`` of ``benchmarks/synth.py``;
+  ``--resolution`` sets ``res``) through ``open_writer``, one ``write_episode`` each, then
+  ``close``: ms per episode, the longest ``write_episode`` (one that merged the most fragments)
+  and the writer's peak RSS;
 - append: ``open_writer`` on the finished dataset, one episode, ``close`` (what ``swm collect``
   pays per episode on an existing dataset);
 - read: ``load_dataset`` (history 3) is the open time, ``make_loader`` (batch 64, 2 reader
@@ -113,11 +115,19 @@ def import_readers_and_writers() -> None:
 def write(path: Path, fmt: str, episodes: int) -> dict:
     start = time.perf_counter()
     writer = open_writer(path, format=fmt, mode="overwrite")
+    longest = 0.0
     for index in range(episodes):
-        writer.write_episode(make_episode(index, length=LENGTH, res=RESOLUTION))
+        episode = make_episode(index, length=LENGTH, res=RESOLUTION)
+        began = time.perf_counter()
+        writer.write_episode(episode)
+        longest = max(longest, time.perf_counter() - began)
     writer.close()
     seconds = time.perf_counter() - start
-    return {"write_ms": 1000 * seconds / episodes, "write_rss": peak_rss_bytes()}
+    return {
+        "write_ms": 1000 * seconds / episodes,
+        "longest_write_s": longest,
+        "write_rss": peak_rss_bytes(),
+    }
 
 
 def assemble(path: Path, episodes: int) -> dict:
@@ -149,7 +159,7 @@ def assemble(path: Path, episodes: int) -> dict:
         )
         first += count
     guarded.close()
-    return {"write_ms": None, "write_rss": None}
+    return {"write_ms": None, "longest_write_s": None, "write_rss": None}
 
 
 def rows_of(writer, first: int, count: int):
@@ -240,6 +250,7 @@ def buffer_round(steps: int, rounds: int) -> dict:
 
 COLUMNS = [  # (key, heading, format)
     ("write_ms", "write ms/ep", "{:.2f}"),
+    ("longest_write_s", "longest write_episode s", "{:.2f}"),
     ("write_rss", "write RSS MB", "{:.0f}"),
     ("append_s", "append s", "{:.3f}"),
     ("open_s", "open s", "{:.3f}"),
@@ -256,7 +267,8 @@ COLUMNS = [  # (key, heading, format)
 def measure(scratch: Path, fmt: str, sizes: list[int], args) -> dict[int, dict]:
     """Every size's row: the writes one after the other, then the appends and reads in rounds,
     each round over every size (the machine's load moves them together), medians of the rounds."""
-    paths = {size: scratch / f"data-{size}{SUFFIXES[fmt]}" for size in sizes}
+    name = "data-{}" if RESOLUTION == 8 else f"data-{{}}-{RESOLUTION}px"
+    paths = {size: scratch / (name.format(size) + SUFFIXES[fmt]) for size in sizes}
     rows = {
         size: written(paths[size], fmt, size, args.keep, size in args.assemble) for size in sizes
     }
@@ -300,17 +312,19 @@ def remove(path: Path) -> None:
 def print_row(fmt: str, size: int, row: dict, base: dict) -> None:
     cells = []
     for key, _, spec in COLUMNS:
-        if row[key] is None or base[key] is None:
-            cells.append("-" if row[key] is None else spec.format(row[key]))
+        value, reference = row.get(key), base.get(key)  # a kept record may predate a column
+        if value is None or reference is None:
+            cells.append("-" if value is None else spec.format(value))
             continue
-        cell = spec.format(row[key])
+        cell = spec.format(value)
         if base is not row:
-            cell += f" ({row[key] / base[key]:.2f}x)"
+            cell += f" ({value / reference:.2f}x)"
         cells.append(cell)
     print(f"| {fmt} | {size:,} | " + " | ".join(cells) + " |", flush=True)
 
 
 def main() -> None:
+    global RESOLUTION  # read by the forked children that write and read the episodes
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000], help="episodes")
     parser.add_argument("--formats", nargs="*", default=list(SUFFIXES), choices=list(SUFFIXES))
@@ -338,7 +352,9 @@ def main() -> None:
         help="ReplayBuffer capacities (none: no buffer rows)",
     )  # fmt: skip
     parser.add_argument("--buffer-rounds", type=int, default=3000, help="add + sample timed")
+    parser.add_argument("--resolution", type=int, default=RESOLUTION, help="frames' side")
     args = parser.parse_args()
+    RESOLUTION = args.resolution
     if args.assemble and set(args.formats) != {"lance"}:
         parser.error("--assemble writes Lance datasets: give --formats lance")
     import_readers_and_writers()

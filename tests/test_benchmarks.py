@@ -79,19 +79,25 @@ def test_scale_benchmark_prints_each_size_with_its_ratio(tmp_path):
     out = _run(
         "scale.py", "--formats", "hdf5", "--sizes", "10", "20", "--batches", "2", "--rounds",
         "1", "--buffer-steps", "100", "200", "--buffer-rounds", "2", "--dir", str(tmp_path),
+        "--resolution", "16",
     )  # fmt: skip
-    assert "| hdf5 | 10 |" in out and "| hdf5 | 20 |" in out and "x) |" in out
+    assert "16x16 frames" in out and "| hdf5 | 10 |" in out and "| hdf5 | 20 |" in out
+    assert "x) |" in out
     assert "buffer of 200 steps" in out
     assert list(tmp_path.iterdir()) == []  # every dataset deleted
 
 
 def test_scale_benchmark_assembles_the_fragments_and_rows_the_writer_leaves(tmp_path, monkeypatch):
     """scale.py --assemble: a dataset written in one go in the fragments the tiers leave holds
-    what the writer writes episode by episode, in the same fragments (merged by tier, then on
-    close)."""
+    what the writer writes episode by episode, in the same fragments (merged by tier, into
+    fragments of the largest size, then on close)."""
     import lance
 
     from swmcli.data.formats import open_reader
+    from swmcli.data.storage import lance as lance_storage
+
+    monkeypatch.setattr(lance_storage, "_FRAGMENT_BYTES", 1)  # the largest: 1,024 rows
+    monkeypatch.setattr(lance_storage, "_SMALL_BYTES", 20_000)  # merged on close: under 97 rows
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("scale", ROOT / "benchmarks" / "scale.py")
@@ -99,12 +105,15 @@ def test_scale_benchmark_assembles_the_fragments_and_rows_the_writer_leaves(tmp_
     spec.loader.exec_module(scale)
     written, assembled = tmp_path / "written.lance", tmp_path / "assembled.lance"
     scale.write(written, "lance", 600)
-    assert scale.assemble(assembled, 600) == {"write_ms": None, "write_rss": None}
+    assert scale.assemble(assembled, 600) == dict.fromkeys(
+        ["write_ms", "longest_write_s", "write_rss"]
+    )
     layouts = [
         [fragment.count_rows() for fragment in lance.dataset(str(path)).get_fragments()]
         for path in (written, assembled)
     ]
-    assert layouts[0] == layouts[1] and len(layouts[0]) == 2  # a tier's merge, then the close's
+    assert layouts[0] == layouts[1]
+    assert layouts[0][:5] == [1030] * 5 and sum(layouts[0][5:]) == 850  # then tiers, the close's
     readers = [open_reader(path) for path in (written, assembled)]
     rows = np.arange(readers[0].num_steps)
     assert readers[0].metadata == readers[1].metadata

@@ -493,6 +493,26 @@ def test_lance_merges_keep_few_fragments_and_rewrite_each_row_a_few_times():
     assert closing == slice(1, 3)  # the smallest tier is merged on close
 
 
+def test_lance_fragments_grow_to_the_largest_size_and_no_further():
+    """Fragments under ``large`` rows are merged into one as soon as they hold ``large`` rows:
+    every finished fragment has ``large`` rows and less than an episode more, whatever the tiers
+    below it hold, and the tiers stay few."""
+    from swmcli.data.storage.lance import MERGE_FAN_IN, _merge_group
+
+    fragments, rewritten = [], 0
+    for _ in range(2995):
+        fragments.append(10)
+        while group := _merge_group(fragments, small=100, large=5000, closing=False):
+            rewritten += sum(fragments[group])
+            fragments[group] = [sum(fragments[group])]
+    finished = [count for count in fragments if count >= 5000]
+    assert len(finished) == 5 and sum(fragments) == 29950  # the last 4,950 rows: the tiers
+    assert all(5000 <= count < 5010 for count in finished)
+    assert fragments[: len(finished)] == finished  # rows stay in order: finished ones first
+    assert len(fragments) - len(finished) <= 3 * (MERGE_FAN_IN - 1)
+    assert rewritten <= 5 * 29950
+
+
 def test_an_hdf5_reader_does_not_block_a_writer(tmp_path):
     path = tmp_path / "d.h5"
     write(path, [make_episode(seed, 5) for seed in range(2)])
@@ -564,6 +584,34 @@ def test_a_full_disk_is_refused_before_the_episode_is_written(tmp_path, fmt, mon
     reader = open_reader(path)
     assert reader.num_episodes == 1
     assert_same_episode(reader.read_episode(0), make_episode(0, 5))
+
+
+def test_a_lance_merge_the_disk_cannot_hold_waits_with_every_episode_readable(
+    tmp_path, monkeypatch
+):
+    """Room for each episode but not for rewriting eight fragments: the episodes go in, the
+    merge waits (no half-written merge, no error), and a later close with room merges them."""
+    import lance
+
+    from swmcli.data.storage.location import FREE_SPACE_MARGIN_BYTES
+
+    path = tmp_path / "d.lance"
+    episodes = [make_episode(seed, 3) for seed in range(10)]
+    real = shutil.disk_usage
+    free = FREE_SPACE_MARGIN_BYTES + 3 * episodes[0]["pixels"].nbytes
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=free))
+    with open_writer(path, format="lance") as writer:
+        for episode in episodes:
+            writer.write_episode(episode)
+        assert len(lance.dataset(str(path)).get_fragments()) == 10  # eight would have merged
+        monkeypatch.undo()
+    assert len(lance.dataset(str(path)).get_fragments()) == 1  # merged on close, with room
+    assert sorted(p.name for p in (path / "data").iterdir()) == [
+        f.path for f in lance.dataset(str(path)).get_fragments()[0].data_files()
+    ]
+    reader = open_reader(path)
+    for index, episode in enumerate(episodes):
+        assert_same_episode(reader.read_episode(index), episode)
 
 
 def test_what_a_failed_first_write_left_does_not_block_the_next(tmp_path):

@@ -224,17 +224,12 @@ def _open_unlocked(path: Location, format: str | None, mode: str, metadata) -> W
     return _module(fmt).open_writer(path, dict(metadata or {}), append)
 
 
-# A write needs room for the episode (raw, before compression) twice over (Lance compaction
-# rewrites it) plus this much, so a full disk is refused before a write, never met inside one.
-FREE_SPACE_MARGIN_BYTES = 64 * 2**20
-
-
 def check_free_space(path: Path, episode_bytes: int, hint: str | None = None) -> None:
     """Refuse a write the disk holding ``path`` has no room for (one clear error, exit 1;
     ``hint`` says what became of what was written)."""
-    existing = path if path.exists() else path.parent
-    free = shutil.disk_usage(existing).free
-    needed = 2 * episode_bytes + FREE_SPACE_MARGIN_BYTES
+    free = loc.free_bytes(path)
+    # The episode raw (before compression), twice over: a Lance merge rewrites it.
+    needed = 2 * episode_bytes + loc.FREE_SPACE_MARGIN_BYTES
     if free < needed:
         raise DatasetError(
             f"only {format_bytes(free)} free on the disk of {path}; writing the next "

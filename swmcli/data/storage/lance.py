@@ -17,11 +17,13 @@ the dataset without swm.
 Each ``write_episode`` is one Lance commit, so an episode is on disk or not at all. Many small
 commits make many small fragments, which slow reads down; the writer merges them by tiers, so an
 append costs the same on a dataset of any size: ``MERGE_FAN_IN`` fragments of one tier (rows
-within a factor ``MERGE_FAN_IN``) that follow one another are merged into one, none reaching
-``_FRAGMENT_BYTES`` is merged again, and on close the fragments under ``_SMALL_BYTES`` are merged.
-Each row is rewritten about once per tier (a few times), and a dataset holds at most
-``MERGE_FAN_IN`` fragments per tier. The versions a merge supersedes are deleted at once, but
-for those a reader holds.
+within a factor ``MERGE_FAN_IN``) that follow one another are merged into one, the last fragments
+are merged into one once they hold ``_FRAGMENT_BYTES`` (of rows before compression), which is
+merged no more, and on close the fragments under ``_SMALL_BYTES`` are merged. Each row is
+rewritten about once per tier (a few times), and a dataset holds at most ``MERGE_FAN_IN``
+fragments per tier below the largest. A merge the disk has no room for waits (the free space is
+checked first). The versions a merge supersedes are deleted at once, but for those a reader
+holds.
 
 On object storage (``s3://``) a commit writes the episode's data file, then the manifest that
 names it: a writer killed in between leaves an unreferenced file and the dataset at its last
@@ -92,9 +94,12 @@ _STORAGE_VERSION = "2.1"
 # (Lance uses a dictionary where distinct values <= values / this divisor: never); repeated
 # frames cost their bytes on disk instead.
 _NO_DICTIONARY = {"lance-encoding:dict-divisor": str(2**32)}
-# Fragments of this many bytes (rows of 224x224 pixels: ~1,700) are merged no more; those under
-# _SMALL_BYTES are merged on close too.
-_FRAGMENT_BYTES = 256 * 2**20
+# Fragments grow to this many bytes of rows before compression (of 64x64 pixels: ~175,000 rows; of
+# 224x224: ~14,000) and are merged no more; those under _SMALL_BYTES are merged on close too. A
+# take pays for each fragment it touches (tens of µs, more than a small frame's bytes): with 256
+# MiB a batch of 100,000 episodes of 64x64 frames cost 1.55x the CPU of one of 1,000, with 2 GiB
+# 1.16x. The price: the append that fills a fragment rewrites it whole (1.5 s for those frames).
+_FRAGMENT_BYTES = 2 * 2**30
 _SMALL_BYTES = 2**20
 _FOOTER = struct.Struct("<QQQII2H4s")  # the end of a Lance data file: see _check_footer
 # Frames (decoded bytes) per take: LZ4 frames are a small fraction of that in the take, so a
@@ -106,10 +111,11 @@ _TAKE_BYTES = 64 * 2**20
 # scattered row by decoding its column's block: 64 clips of a large dataset touch 64 blocks a
 # column (about 5x a batch of a 1,000-episode dataset, whose columns are a few blocks each).
 _RESIDENT_SHARE = 1 / 32
-# Reading the small columns whole: rows a batch, and the bytes Lance may read ahead (its default,
-# gigabytes, held 0.2 GB more of a reader's memory at ten million rows, and no faster).
+# Reading the small columns whole: rows a batch. A scan reads ahead a batch, a fragment and this
+# many bytes at most (Lance's default, gigabytes, held 0.2 GB more of a reader's memory at ten
+# million rows, and a merge's 0.25 GB more, for no speed).
 _SCAN_ROWS = 2**16
-_SCAN_IO_BYTES = 32 * 2**20
+_READ_AHEAD = {"batch_readahead": 1, "fragment_readahead": 1, "io_buffer_size": 32 * 2**20}
 # io_uring_setup(2) (the same number on every Linux architecture) and the queue depth Lance's
 # io_uring threads ask for (LANCE_URING_QUEUE_DEPTH): the probe sets up a ring that size.
 _IO_URING_SETUP = 425
@@ -457,9 +463,7 @@ class LanceReader:
             columns=list(shapes),
             scan_in_order=True,
             batch_size=_SCAN_ROWS,
-            batch_readahead=1,
-            fragment_readahead=1,
-            io_buffer_size=_SCAN_IO_BYTES,
+            **_READ_AHEAD,
         )
         for batch in scanner.to_batches():
             for column, (dtype, shape) in shapes.items():
@@ -710,6 +714,8 @@ class LanceWriter:
             large,
             closing,
         ):
+            if not self._room_to_merge(group):
+                break
             self._merge(group)
             merged = True
         if not loc.is_remote(self.path):
@@ -718,6 +724,20 @@ class LanceWriter:
         elif closing:
             self._dataset.cleanup_old_versions(older_than=timedelta(0))
 
+    def _room_to_merge(self, group: slice) -> bool:
+        """Whether the disk holds the fragments ``group`` written anew beside them (and the margin
+        every write leaves free). A merge it cannot hold waits for a later append or close: the
+        fragments stay as they are, readable."""
+        if loc.is_remote(self.path):
+            return True
+        files = [
+            loc.join(self.path, "data", data_file.path)
+            for fragment in self._dataset.get_fragments()[group]
+            for data_file in fragment.data_files()
+        ]
+        needed = sum(os.path.getsize(file) for file in files) + loc.FREE_SPACE_MARGIN_BYTES
+        return loc.free_bytes(self.path) >= needed
+
     def _merge(self, group: slice) -> None:
         """Rewrite the fragments ``group`` as one (rows in order), in one commit."""
         import lance
@@ -725,7 +745,7 @@ class LanceWriter:
         dataset = self._dataset
         old = dataset.get_fragments()[group]
         rows = dataset.scanner(
-            columns=self._arrow.names, fragments=old, scan_in_order=True
+            columns=self._arrow.names, fragments=old, scan_in_order=True, **_READ_AHEAD
         ).to_reader()
         options = loc.lance_storage_options(self.path)
         new = lance.fragment.write_fragments(
@@ -784,9 +804,14 @@ def _merge_group(rows: list[int], small: int, large: int, closing: bool) -> slic
     """The trailing fragments to merge into one, of fragments of ``rows`` rows each (None: none).
 
     A fragment's tier is ``floor(log(rows, MERGE_FAN_IN))``; one of ``large`` rows or more is
-    merged no more. The lowest tier first: the trailing run of fragments of that tier or lower
-    is merged once it holds ``MERGE_FAN_IN`` of that tier. On close, the trailing fragments under
-    ``small`` rows are merged too."""
+    merged no more. The trailing fragments under ``large`` rows are merged into one once they
+    hold ``large`` rows (a fragment of ``large`` rows and less than an episode more). Else the
+    lowest tier first: the trailing run of fragments of that tier or lower is merged once it
+    holds ``MERGE_FAN_IN`` of that tier. On close, the trailing fragments under ``small`` rows
+    are merged too."""
+    run = _trailing(rows, lambda count: count < large)
+    if run >= 2 and sum(rows[len(rows) - run :]) >= large:
+        return slice(len(rows) - run, len(rows))
     tiers = [None if count >= large else _tier(count) for count in rows]
     for tier in sorted({t for t in tiers if t is not None}):
         run = _trailing(tiers, lambda t, tier=tier: t is not None and t <= tier)

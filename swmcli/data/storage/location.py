@@ -16,6 +16,9 @@ from pathlib import Path
 from swmcli.errors import UsageError
 
 OBJECT_STORE_SCHEMES = ("s3",)
+# What a write leaves free on its disk beyond the bytes it writes, so that a full disk is refused
+# before a write (an episode, a Lance merge), never met inside one.
+FREE_SPACE_MARGIN_BYTES = 64 * 2**20
 S3_EXTRA_HINT = "pip install 'swmcli[s3]'  (or: pip install s3fs)"
 
 
@@ -174,6 +177,11 @@ def nbytes_under(location: Location) -> int:
         except FileNotFoundError:
             continue
     return total
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the local disk of ``path`` (of its parent where it does not exist yet)."""
+    return shutil.disk_usage(path if path.exists() else path.parent).free
 
 
 def write_text(location: Location, text: str) -> None:
