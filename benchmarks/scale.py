@@ -28,7 +28,8 @@ no figure includes an import, and never opens a dataset):
 
 ``--assemble`` sizes (Lance only; a million episodes one ``write_episode`` at a time take hours
 here) are written in one go instead: the same episodes, in the fragments the writer's tiers leave
-after writing them one at a time (``LanceWriter``'s own merge rule, played on the row counts),
+after writing them one at a time (``LanceWriter``'s own merge rule, played on the row counts, its
+largest fragments sized by the bytes on disk of the first 1,000 episodes' rows),
 each fragment one Lance write of the rows a writer would have merged into it. Their write figures
 are left out (``-``).
 
@@ -141,7 +142,16 @@ def assemble(path: Path, episodes: int) -> dict:
     guarded = open_writer(path, format="lance", mode="overwrite")  # holds the writer lock
     writer = guarded._writer
     writer._start(make_episode(0, length=LENGTH, res=RESOLUTION))
-    small, large = writer._merge_limits()
+    # The writer sizes its largest fragments by the bytes a row takes on disk: those of the first
+    # 1,000 episodes, written here as one fragment.
+    probe = path.with_name(path.name + ".probe")
+    lance.write_dataset(
+        pa.RecordBatchReader.from_batches(writer._arrow, rows_of(writer, 0, min(episodes, 1000))),
+        _uri(probe),
+        data_storage_version=_STORAGE_VERSION,
+    )
+    small, large = writer._merge_limits(lance.dataset(_uri(probe)).get_fragments())
+    shutil.rmtree(probe)
     fragments: list[int] = []  # episodes a fragment
     for index in range(episodes):
         fragments.append(1)

@@ -98,6 +98,7 @@ def test_scale_benchmark_assembles_the_fragments_and_rows_the_writer_leaves(tmp_
 
     monkeypatch.setattr(lance_storage, "_FRAGMENT_BYTES", 1)  # the largest: 1,024 rows
     monkeypatch.setattr(lance_storage, "_SMALL_BYTES", 20_000)  # merged on close: under 97 rows
+    monkeypatch.setattr(lance_storage, "MERGE_FAN_IN", 16)  # no tier reaches 512 rows first
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("scale", ROOT / "benchmarks" / "scale.py")

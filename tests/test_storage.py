@@ -511,6 +511,11 @@ def test_lance_fragments_grow_to_the_largest_size_and_no_further():
     assert fragments[: len(finished)] == finished  # rows stay in order: finished ones first
     assert len(fragments) - len(finished) <= 3 * (MERGE_FAN_IN - 1)
     assert rewritten <= 5 * 29950
+    # A finished fragment stays so where ``large`` (an estimate) grows a little, and only the
+    # fewest trailing fragments that hold ``large`` rows are merged (a dataset of older sizes).
+    assert _merge_group([5005, 10, 10], small=100, large=5500, closing=False) is None
+    older = [2000, 2000, 2000, 2000, 1000]
+    assert _merge_group(older, small=100, large=5000, closing=False) == slice(2, 5)
 
 
 def test_an_hdf5_reader_does_not_block_a_writer(tmp_path):
@@ -584,6 +589,30 @@ def test_a_full_disk_is_refused_before_the_episode_is_written(tmp_path, fmt, mon
     reader = open_reader(path)
     assert reader.num_episodes == 1
     assert_same_episode(reader.read_episode(0), make_episode(0, 5))
+
+
+def test_lance_largest_fragments_hold_the_same_bytes_on_disk_whatever_the_frames(
+    tmp_path, monkeypatch
+):
+    """The largest fragment is sized by the bytes its rows take on disk: frames LZ4 shrinks to
+    little make it hold many more rows than noise does (whose rows the merge would rewrite at
+    full size)."""
+    from swmcli.data.storage import lance as lance_storage
+
+    monkeypatch.setattr(lance_storage, "_FRAGMENT_BYTES", 8 * 2**20)
+    largest = {}
+    for name in ("noise", "flat"):
+        path = tmp_path / f"{name}.lance"
+        with lance_storage.open_writer(path, {}, append=False) as writer:
+            for seed in range(20):
+                episode = make_episode(seed, 10)
+                if name == "flat":
+                    episode["pixels"] = np.zeros_like(episode["pixels"])
+                writer.write_episode(episode)
+            largest[name] = writer._merge_limits(writer._dataset.get_fragments())[1]
+    noise_row = 32 * 32 * 3 + 8 * 4 + 2 + 4  # its frames stored raw, and the small keys
+    assert 0.7 < largest["noise"] * noise_row / (8 * 2**20) < 1.0  # files hold some metadata
+    assert largest["flat"] > 10 * largest["noise"]
 
 
 def test_a_lance_merge_the_disk_cannot_hold_waits_with_every_episode_readable(

@@ -18,12 +18,11 @@ Each ``write_episode`` is one Lance commit, so an episode is on disk or not at a
 commits make many small fragments, which slow reads down; the writer merges them by tiers, so an
 append costs the same on a dataset of any size: ``MERGE_FAN_IN`` fragments of one tier (rows
 within a factor ``MERGE_FAN_IN``) that follow one another are merged into one, the last fragments
-are merged into one once they hold ``_FRAGMENT_BYTES`` (of rows before compression), which is
-merged no more, and on close the fragments under ``_SMALL_BYTES`` are merged. Each row is
-rewritten about once per tier (a few times), and a dataset holds at most ``MERGE_FAN_IN``
-fragments per tier below the largest. A merge the disk has no room for waits (the free space is
-checked first). The versions a merge supersedes are deleted at once, but for those a reader
-holds.
+are merged into one once they hold ``_FRAGMENT_BYTES`` on disk, which is merged no more, and on
+close the fragments under ``_SMALL_BYTES`` are merged. Each row is rewritten about once per tier
+(a few times), and a dataset holds at most ``MERGE_FAN_IN`` fragments per tier below the largest.
+A merge the disk has no room for waits (the free space is checked first). The versions a merge
+supersedes are deleted at once, but for those a reader holds.
 
 On object storage (``s3://``) a commit writes the episode's data file, then the manifest that
 names it: a writer killed in between leaves an unreferenced file and the dataset at its last
@@ -94,12 +93,12 @@ _STORAGE_VERSION = "2.1"
 # (Lance uses a dictionary where distinct values <= values / this divisor: never); repeated
 # frames cost their bytes on disk instead.
 _NO_DICTIONARY = {"lance-encoding:dict-divisor": str(2**32)}
-# Fragments grow to this many bytes of rows before compression (of 64x64 pixels: ~175,000 rows; of
-# 224x224: ~14,000) and are merged no more; those under _SMALL_BYTES are merged on close too. A
-# take pays for each fragment it touches (tens of µs, more than a small frame's bytes): with 256
-# MiB a batch of 100,000 episodes of 64x64 frames cost 1.55x the CPU of one of 1,000, with 2 GiB
-# 1.16x. The price: the append that fills a fragment rewrites it whole (1.5 s for those frames).
-_FRAGMENT_BYTES = 2 * 2**30
+# Fragments grow to this many bytes on disk (half of it at least) and are merged no more (of 64x64
+# frames LZ4 shrinks as the benchmark's: ~200,000 rows; of 64x64 noise: ~44,000; of 224x224 noise:
+# ~3,500); those under _SMALL_BYTES of rows before compression are merged on close too. A take
+# pays for each fragment it touches (tens of µs, more than a small frame's bytes), and the append
+# that fills a fragment rewrites it whole, in time and memory that grow with its bytes on disk.
+_FRAGMENT_BYTES = 512 * 2**20
 _SMALL_BYTES = 2**20
 _FOOTER = struct.Struct("<QQQII2H4s")  # the end of a Lance data file: see _check_footer
 # Frames (decoded bytes) per take: LZ4 frames are a small fraction of that in the take, so a
@@ -693,12 +692,17 @@ class LanceWriter:
         ]
         return pa.Table.from_arrays(columns, schema=self._arrow)
 
-    def _merge_limits(self) -> tuple[int, int]:
-        """``(small, large)`` in rows: fragments under ``small`` rows are merged on close, those
-        of ``large`` rows or more never (``_SMALL_BYTES`` and ``_FRAGMENT_BYTES`` of rows)."""
+    def _merge_limits(self, fragments) -> tuple[int, int]:
+        """``(small, large)`` in rows (``_merge_group``): fragments under ``small`` rows are merged
+        on close (``_SMALL_BYTES`` of rows before compression); the last fragments are merged into
+        one once they hold ``large`` rows (``_FRAGMENT_BYTES`` on disk at the bytes a row takes in
+        the files of ``fragments``, or before compression where the manifest lacks a size)."""
         row_bytes = sum(np.dtype(d).itemsize * int(np.prod(s)) for d, s in self.schema.values())
         row_bytes = max(row_bytes, 1)
-        return max(1, _SMALL_BYTES // row_bytes), max(1024, _FRAGMENT_BYTES // row_bytes)
+        rows = sum(fragment.metadata.physical_rows for fragment in fragments)
+        stored = _stored_bytes(fragments)
+        stored_row_bytes = stored / rows if stored and rows else row_bytes
+        return max(1, _SMALL_BYTES // row_bytes), max(1024, int(_FRAGMENT_BYTES / stored_row_bytes))
 
     def compact(self, closing: bool = False) -> None:
         """Merge what the tiers call for (one commit each), then delete superseded versions: on
@@ -706,7 +710,7 @@ class LanceWriter:
         of them, only when the writer closes."""
         if self._dataset is None:
             return
-        small, large = self._merge_limits()
+        small, large = self._merge_limits(self._dataset.get_fragments())
         merged = False
         while group := _merge_group(
             [fragment.metadata.physical_rows for fragment in self._dataset.get_fragments()],
@@ -730,13 +734,15 @@ class LanceWriter:
         fragments stay as they are, readable."""
         if loc.is_remote(self.path):
             return True
-        files = [
-            loc.join(self.path, "data", data_file.path)
-            for fragment in self._dataset.get_fragments()[group]
-            for data_file in fragment.data_files()
-        ]
-        needed = sum(os.path.getsize(file) for file in files) + loc.FREE_SPACE_MARGIN_BYTES
-        return loc.free_bytes(self.path) >= needed
+        old = self._dataset.get_fragments()[group]
+        stored = _stored_bytes(old)
+        if stored is None:  # the manifest lacks a file's size: the files' own
+            stored = sum(
+                os.path.getsize(loc.join(self.path, "data", data_file.path))
+                for fragment in old
+                for data_file in fragment.data_files()
+            )
+        return loc.free_bytes(self.path) >= stored + loc.FREE_SPACE_MARGIN_BYTES
 
     def _merge(self, group: slice) -> None:
         """Rewrite the fragments ``group`` as one (rows in order), in one commit."""
@@ -803,22 +809,35 @@ class LanceWriter:
 def _merge_group(rows: list[int], small: int, large: int, closing: bool) -> slice | None:
     """The trailing fragments to merge into one, of fragments of ``rows`` rows each (None: none).
 
-    A fragment's tier is ``floor(log(rows, MERGE_FAN_IN))``; one of ``large`` rows or more is
-    merged no more. The trailing fragments under ``large`` rows are merged into one once they
-    hold ``large`` rows (a fragment of ``large`` rows and less than an episode more). Else the
-    lowest tier first: the trailing run of fragments of that tier or lower is merged once it
-    holds ``MERGE_FAN_IN`` of that tier. On close, the trailing fragments under ``small`` rows
-    are merged too."""
-    run = _trailing(rows, lambda count: count < large)
-    if run >= 2 and sum(rows[len(rows) - run :]) >= large:
-        return slice(len(rows) - run, len(rows))
-    tiers = [None if count >= large else _tier(count) for count in rows]
+    A fragment of ``large // 2`` rows or more is finished: merged no more (half, so that a
+    finished fragment stays finished where ``large``, an estimate, grows a little). The trailing
+    unfinished fragments are merged into one once they hold ``large`` rows, the fewest of them
+    that do (one fragment of ``large`` rows and less than an episode more). Else by tiers, the
+    lowest first: a fragment's tier is ``floor(log(rows, MERGE_FAN_IN))``, and the trailing run
+    of unfinished fragments of that tier or lower is merged once it holds ``MERGE_FAN_IN`` of
+    that tier. On close, the trailing fragments under ``small`` rows are merged too."""
+    finished = [count >= large // 2 for count in rows]
+    held = 0
+    for run in range(1, _trailing(finished, lambda done: not done) + 1):
+        held += rows[-run]
+        if held >= large:
+            return slice(len(rows) - run, len(rows))
+    tiers = [None if done else _tier(count) for count, done in zip(rows, finished, strict=True)]
     for tier in sorted({t for t in tiers if t is not None}):
         run = _trailing(tiers, lambda t, tier=tier: t is not None and t <= tier)
         if tiers[len(tiers) - run :].count(tier) >= MERGE_FAN_IN:
             return slice(len(rows) - run, len(rows))
     run = _trailing(rows, lambda count: count < small)
     return slice(len(rows) - run, len(rows)) if closing and run >= 2 else None
+
+
+def _stored_bytes(fragments) -> int | None:
+    """The bytes of the data files of ``fragments``, as the manifest records them (None where it
+    lacks one: a dataset written by an old Lance)."""
+    sizes = [
+        data_file.file_size_bytes for fragment in fragments for data_file in fragment.data_files()
+    ]
+    return sum(sizes) if sizes and all(sizes) else None
 
 
 def _tier(rows: int) -> int:
