@@ -710,17 +710,16 @@ class LanceWriter:
         of them, only when the writer closes."""
         if self._dataset is None:
             return
-        small, large = self._merge_limits(self._dataset.get_fragments())
+        fragments = self._dataset.get_fragments()
+        small, large = self._merge_limits(fragments)
         merged = False
         while group := _merge_group(
-            [fragment.metadata.physical_rows for fragment in self._dataset.get_fragments()],
-            small,
-            large,
-            closing,
+            [fragment.metadata.physical_rows for fragment in fragments], small, large, closing
         ):
-            if not self._room_to_merge(group):
+            if not self._room_to_merge(fragments[group]):
                 break
-            self._merge(group)
+            self._merge(fragments[group])
+            fragments = self._dataset.get_fragments()
             merged = True
         if not loc.is_remote(self.path):
             if merged or closing:
@@ -728,13 +727,12 @@ class LanceWriter:
         elif closing:
             self._dataset.cleanup_old_versions(older_than=timedelta(0))
 
-    def _room_to_merge(self, group: slice) -> bool:
-        """Whether the disk holds the fragments ``group`` written anew beside them (and the margin
+    def _room_to_merge(self, old: list) -> bool:
+        """Whether the disk holds the fragments ``old`` written anew beside them (and the margin
         every write leaves free). A merge it cannot hold waits for a later append or close: the
         fragments stay as they are, readable."""
         if loc.is_remote(self.path):
             return True
-        old = self._dataset.get_fragments()[group]
         stored = _stored_bytes(old)
         if stored is None:  # the manifest lacks a file's size: the files' own
             stored = sum(
@@ -744,12 +742,12 @@ class LanceWriter:
             )
         return loc.free_bytes(self.path) >= stored + loc.FREE_SPACE_MARGIN_BYTES
 
-    def _merge(self, group: slice) -> None:
-        """Rewrite the fragments ``group`` as one (rows in order), in one commit."""
+    def _merge(self, old: list) -> None:
+        """Rewrite the fragments ``old`` as one (rows in order), in one commit. They must be the
+        dataset's last: Lance puts a rewritten fragment after all the others."""
         import lance
 
         dataset = self._dataset
-        old = dataset.get_fragments()[group]
         rows = dataset.scanner(
             columns=self._arrow.names, fragments=old, scan_in_order=True, **_READ_AHEAD
         ).to_reader()
