@@ -26,11 +26,14 @@ no figure includes an import, and never opens a dataset):
   clip (all its threads: what a busy machine moves less than clips/s), and the reader's peak RSS;
 - bytes on disk per step.
 
-``--assemble`` sizes (Lance only; a million episodes one ``write_episode`` at a time take hours
-here) are written in one go instead: the same episodes, in the fragments the writer's tiers leave
-after writing them one at a time (``LanceWriter``'s own merge rule, played on the row counts, its
-largest fragments sized by the bytes on disk of the first 1,000 episodes' rows),
-each fragment one Lance write of the rows a writer would have merged into it. Their write figures
+``--assemble`` sizes (Lance and HDF5; a million episodes one ``write_episode`` at a time take
+hours here) are written in one go instead, the same episodes in the layout the writer leaves
+after writing them one at a time. Lance: in the fragments the writer's tiers leave
+(``LanceWriter``'s own merge rule, played on the row counts, its largest fragments sized by the
+bytes on disk of the first 1,000 episodes' rows), each fragment one Lance write of the rows a
+writer would have merged into it. HDF5: the rows of 1,000 episodes at a time written by the
+writer as one episode, then the index entries that make them the episodes they are (the same
+datasets, chunks and values; the chunks lie in the file in another order). Their write figures
 are left out (``-``).
 
 The appends and reads run in ``--rounds`` rounds, each over every size, so that the machine's
@@ -72,6 +75,7 @@ from swmcli.memory.measure import peak_rss_bytes, reset_peak_rss  # noqa: E402
 
 LENGTH, RESOLUTION, HISTORY_LEN, BATCH, WORKERS = 10, 8, 3, 64, 2
 SUFFIXES = {"lance": ".lance", "hdf5": ".h5", "folder": ""}
+EPISODES_A_WRITE = 1000  # episodes an assembling write holds (Arrow batch, HDF5 write)
 
 
 def in_child(function, *args):
@@ -131,9 +135,16 @@ def write(path: Path, fmt: str, episodes: int) -> dict:
     }
 
 
-def assemble(path: Path, episodes: int) -> dict:
+def assemble(path: Path, fmt: str, episodes: int) -> dict:
+    """``episodes`` episodes written in one go in the layout the writer leaves; no write
+    figures."""
+    {"lance": assemble_lance, "hdf5": assemble_hdf5}[fmt](path, episodes)
+    return {"write_ms": None, "longest_write_s": None, "write_rss": None}
+
+
+def assemble_lance(path: Path, episodes: int) -> None:
     """``episodes`` episodes as a Lance dataset in the fragments the writer's tiers leave after
-    writing them one at a time; no write figures."""
+    writing them one at a time."""
     import lance
     import pyarrow as pa
 
@@ -169,16 +180,40 @@ def assemble(path: Path, episodes: int) -> dict:
         )
         first += count
     guarded.close()
-    return {"write_ms": None, "longest_write_s": None, "write_rss": None}
+
+
+def assemble_hdf5(path: Path, episodes: int) -> None:
+    """``episodes`` episodes as an HDF5 file: the rows of 1,000 episodes at a time written as one
+    episode, then the index entries of the episodes they are."""
+    import numpy as np
+
+    guarded = open_writer(path, format="hdf5", mode="overwrite")  # holds the writer lock
+    writer = guarded._writer
+    for first in range(0, episodes, EPISODES_A_WRITE):
+        stop = min(first + EPISODES_A_WRITE, episodes)
+        block = [make_episode(i, length=LENGTH, res=RESOLUTION) for i in range(first, stop)]
+        lengths = np.array([len(episode["action"]) for episode in block])
+        start = writer.num_steps
+        writer.write_episode({key: np.concatenate([e[key] for e in block]) for key in block[0]})
+        file = writer._file
+        file["episode_idx"][start:] = np.repeat(np.arange(first, stop), lengths)
+        file["step_idx"][start:] = np.concatenate([np.arange(length) for length in lengths])
+        offsets = start + np.cumsum(lengths) - lengths
+        for name, values in (("episode_offsets", offsets), ("episode_lengths", lengths)):
+            file[name].resize(stop, axis=0)
+            file[name][first:] = values
+        file.flush()
+        writer.num_episodes = stop
+    guarded.close()
 
 
 def rows_of(writer, first: int, count: int):
     """Episodes ``first .. first + count - 1`` as the writer builds their rows, in Arrow
-    batches of up to 1,000 episodes."""
+    batches of up to ``EPISODES_A_WRITE`` episodes."""
     import pyarrow as pa
 
-    for start in range(first, first + count, 1000):
-        indices = range(start, min(start + 1000, first + count))
+    for start in range(first, first + count, EPISODES_A_WRITE):
+        indices = range(start, min(start + EPISODES_A_WRITE, first + count))
         episodes = (make_episode(i, length=LENGTH, res=RESOLUTION) for i in indices)
         yield from pa.concat_tables(
             [writer._table(episode, i) for i, episode in zip(indices, episodes, strict=True)]
@@ -309,7 +344,11 @@ def written(path: Path, fmt: str, episodes: int, keep: bool, assembled: bool) ->
     if keep and record.exists() and path.exists():
         return json.loads(record.read_text())
     remove(path)
-    row = in_child(assemble, path, episodes) if assembled else in_child(write, path, fmt, episodes)
+    row = (
+        in_child(assemble, path, fmt, episodes)
+        if assembled
+        else in_child(write, path, fmt, episodes)
+    )
     if keep:
         record.write_text(json.dumps(row))
     return row
@@ -351,7 +390,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on the disk")
     parser.add_argument(
         "--assemble", type=int, nargs="*", default=[],
-        help="sizes (Lance) written in one go in the tiers' fragments, not episode by episode",
+        help="sizes (Lance, HDF5) written in one go in the writer's layout, not episode by episode",
     )  # fmt: skip
     parser.add_argument(
         "--keep", type=Path, default=None,
@@ -365,8 +404,8 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=RESOLUTION, help="frames' side")
     args = parser.parse_args()
     RESOLUTION = args.resolution
-    if args.assemble and set(args.formats) != {"lance"}:
-        parser.error("--assemble writes Lance datasets: give --formats lance")
+    if args.assemble and not set(args.formats) <= {"lance", "hdf5"}:
+        parser.error("--assemble writes Lance and HDF5 datasets: give --formats lance hdf5")
     import_readers_and_writers()
     print(
         f"episodes of {LENGTH} steps, {RESOLUTION}x{RESOLUTION} frames; history {HISTORY_LEN},"

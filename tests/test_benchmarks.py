@@ -24,11 +24,18 @@ def _run(script: str, *args: str) -> str:
     return done.stdout
 
 
-def test_synthetic_episodes_are_a_function_of_the_seed_alone():
+def _benchmark(name: str, monkeypatch):
+    """``benchmarks/NAME.py`` imported as a module (its siblings importable, as when it runs)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_synthetic_episodes_are_a_function_of_the_seed_alone(monkeypatch):
     """benchmarks/synth.py: both sides of a comparison write the very same bytes."""
-    spec = importlib.util.spec_from_file_location("synth", ROOT / "benchmarks" / "synth.py")
-    synth = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(synth)
+    synth = _benchmark("synth", monkeypatch)
     first, again, other = (synth.make_episode(seed, length=20, res=32) for seed in (3, 3, 4))
     assert all(np.array_equal(first[k], again[k], equal_nan=True) for k in first)
     assert not np.array_equal(first["pixels"], other["pixels"])
@@ -93,20 +100,15 @@ def test_scale_benchmark_assembles_the_fragments_and_rows_the_writer_leaves(tmp_
     fragments of the largest size, then on close)."""
     import lance
 
-    from swmcli.data.formats import open_reader
     from swmcli.data.storage import lance as lance_storage
 
     monkeypatch.setattr(lance_storage, "_FRAGMENT_BYTES", 1)  # the largest: 1,024 rows
     monkeypatch.setattr(lance_storage, "_SMALL_BYTES", 20_000)  # merged on close: under 97 rows
     monkeypatch.setattr(lance_storage, "MERGE_FAN_IN", 16)  # no tier reaches 512 rows first
-
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("scale", ROOT / "benchmarks" / "scale.py")
-    scale = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(scale)
+    scale = _benchmark("scale", monkeypatch)
     written, assembled = tmp_path / "written.lance", tmp_path / "assembled.lance"
     scale.write(written, "lance", 600)
-    assert scale.assemble(assembled, 600) == dict.fromkeys(
+    assert scale.assemble(assembled, "lance", 600) == dict.fromkeys(
         ["write_ms", "longest_write_s", "write_rss"]
     )
     layouts = [
@@ -115,11 +117,41 @@ def test_scale_benchmark_assembles_the_fragments_and_rows_the_writer_leaves(tmp_
     ]
     assert layouts[0] == layouts[1]
     assert layouts[0][:5] == [1030] * 5 and sum(layouts[0][5:]) == 850  # then tiers, the close's
+    _assert_same_episodes(written, assembled, (0, 299, 599))
+
+
+def test_scale_benchmark_assembles_the_hdf5_file_the_writer_leaves(tmp_path, monkeypatch):
+    """scale.py --assemble for HDF5: episodes written a block at a time make the file the writer
+    makes episode by episode: the same datasets, chunking and values, and the same episodes."""
+    import h5py
+
+    scale = _benchmark("scale", monkeypatch)
+    monkeypatch.setattr(scale, "EPISODES_A_WRITE", 7)  # blocks of 7, the last of 2
+    written, assembled = tmp_path / "written.h5", tmp_path / "assembled.h5"
+    scale.write(written, "hdf5", 30)
+    scale.assemble(assembled, "hdf5", 30)
+    with h5py.File(written, "r") as first, h5py.File(assembled, "r") as second:
+        assert list(first) == list(second) and dict(first.attrs) == dict(second.attrs)
+        for name, dataset in first.items():
+            other = second[name]
+            assert (dataset.shape, dataset.chunks, dataset.dtype) == (
+                other.shape, other.chunks, other.dtype
+            ), name  # fmt: skip
+            if dataset.ndim < 4:  # frames are LZ4 chunks h5py cannot decode; the reader does
+                assert np.array_equal(dataset[()], other[()], equal_nan=True), name
+    _assert_same_episodes(written, assembled, range(30))
+
+
+def _assert_same_episodes(written: Path, assembled: Path, indices) -> None:
+    """The two datasets hold the same metadata, row checksums and episodes ``indices``."""
+    from swmcli.data.formats import open_reader
+
     readers = [open_reader(path) for path in (written, assembled)]
     rows = np.arange(readers[0].num_steps)
+    assert readers[0].num_episodes == readers[1].num_episodes
     assert readers[0].metadata == readers[1].metadata
     assert np.array_equal(*(reader.read_row_checksums(rows) for reader in readers))
-    for index in (0, 299, 599):
+    for index in indices:
         first, second = (reader.read_episode(index) for reader in readers)
         assert all(np.array_equal(first[k], second[k], equal_nan=True) for k in first)
     for reader in readers:
