@@ -344,11 +344,7 @@ def written(path: Path, fmt: str, episodes: int, keep: bool, assembled: bool) ->
     if keep and record.exists() and path.exists():
         return json.loads(record.read_text())
     remove(path)
-    row = (
-        in_child(assemble, path, fmt, episodes)
-        if assembled
-        else in_child(write, path, fmt, episodes)
-    )
+    row = in_child(assemble if assembled else write, path, fmt, episodes)
     if keep:
         record.write_text(json.dumps(row))
     return row
